@@ -1,0 +1,160 @@
+"""Typed settings: config.yaml, then environment variables, validated by pydantic.
+
+Every key the app reads is declared here with its type, range and default; config.yaml carries
+the same keys with a comment each. Secrets may come from the environment instead of the file
+(see SECRET_ENV). Any problem stops start-up with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from annotated_types import Ge, Gt, Le, Lt
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ServerSettings(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    shutdown_timeout_s: float = Field(10.0, gt=0, le=300)
+
+
+class StorageSettings(Section):
+    url: str = "sqlite:///data/clawdbot.db"
+    busy_timeout_ms: int = Field(5000, ge=0, le=600_000)
+    echo_sql: bool = False
+
+
+class LoggingSettings(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["text", "json"] = "text"
+
+
+class SessionSettings(Section):
+    idle_ttl_s: int = Field(86_400, ge=60)
+
+
+class MaintenanceSettings(Section):
+    interval_s: int = Field(300, ge=1, le=86_400)
+
+
+class Settings(Section):
+    server: ServerSettings = ServerSettings()
+    storage: StorageSettings = StorageSettings()
+    logging: LoggingSettings = LoggingSettings()
+    sessions: SessionSettings = SessionSettings()
+    maintenance: MaintenanceSettings = MaintenanceSettings()
+
+
+# Secrets read from the environment, overriding the file: variable -> dotted key.
+SECRET_ENV: dict[str, str] = {}
+
+
+class ConfigError(Exception):
+    """One line naming the file, the key and the problem."""
+
+
+def load_settings(path: str | Path | None, environ: dict[str, str] | None = None) -> Settings:
+    """Read `path` (None: defaults only), apply secrets from the environment, validate."""
+    environ = os.environ if environ is None else environ
+    source = str(path) if path is not None else "defaults"
+    data = _read_yaml(path) if path is not None else {}
+    for variable, dotted in SECRET_ENV.items():
+        if environ.get(variable):
+            _set_dotted(data, dotted, environ[variable])
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{Path(source).name}: {_describe(exc.errors()[0])}") from None
+
+
+def _read_yaml(path: str | Path) -> dict[str, Any]:
+    name = Path(path).name
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise ConfigError(f"{name}: not valid YAML{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{name}: expected a mapping of sections at the top level")
+    return data
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: str) -> None:
+    *sections, key = dotted.split(".")
+    for section in sections:
+        data = data.setdefault(section, {})
+    data[key] = value
+
+
+_EXPECTED = {
+    "int_parsing": "an integer",
+    "int_type": "an integer",
+    "int_from_float": "an integer",
+    "float_parsing": "a number",
+    "float_type": "a number",
+    "bool_parsing": "true or false",
+    "bool_type": "true or false",
+    "string_type": "a string",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+}
+_RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
+def _describe(error: dict[str, Any]) -> str:
+    key = ".".join(str(part) for part in error["loc"])
+    kind = error["type"]
+    got = json.dumps(error.get("input"), ensure_ascii=False, default=str)
+    if kind == "extra_forbidden":
+        return f"{key}: unknown key"
+    if kind == "literal_error":
+        return f"{key}: expected one of {error['ctx']['expected']}, got {got}"
+    if kind in _EXPECTED or kind in _RANGE_ERRORS:
+        field = _field_info(error["loc"])
+        expected = _EXPECTED.get(kind) or ("an integer" if field.annotation is int else "a number")
+        return f"{key}: expected {expected}{_range_text(field)}, got {got}"
+    return f"{key}: {error['msg']}, got {got}"
+
+
+def _field_info(loc: tuple[Any, ...]) -> Any:
+    model: type[BaseModel] = Settings
+    field = None
+    for part in loc:
+        field = model.model_fields[part]
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            model = field.annotation
+    return field
+
+
+def _range_text(field: Any) -> str:
+    bounds = {type(b): b for b in field.metadata if isinstance(b, (Ge, Gt, Le, Lt))}
+    if Ge in bounds and Le in bounds:
+        return f" {bounds[Ge].ge}-{bounds[Le].le}"
+    parts = []
+    if Ge in bounds:
+        parts.append(f">= {bounds[Ge].ge}")
+    if Gt in bounds:
+        parts.append(f"> {bounds[Gt].gt}")
+    if Le in bounds:
+        parts.append(f"<= {bounds[Le].le}")
+    if Lt in bounds:
+        parts.append(f"< {bounds[Lt].lt}")
+    return " " + " and ".join(parts) if parts else ""

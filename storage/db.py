@@ -1,0 +1,76 @@
+"""The database handle: engine with SQLite pragmas, Alembic upgrade at start-up, sessions."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy import Engine, create_engine, event, make_url, text
+from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+
+class Database:
+    def __init__(self, url: str, *, busy_timeout_ms: int = 5000, echo: bool = False) -> None:
+        self.url = make_url(url)
+        if self.url.get_backend_name() == "sqlite" and self.url.database not in (None, "", ":memory:"):
+            Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
+        self.engine: Engine = create_engine(self.url, echo=echo)
+        if self.url.get_backend_name() == "sqlite":
+            _install_sqlite_pragmas(self.engine, busy_timeout_ms)
+        self._sessionmaker = sessionmaker(self.engine, expire_on_commit=False)
+
+    def alembic_config(self) -> AlembicConfig:
+        config = AlembicConfig()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        config.set_main_option("sqlalchemy.url", self.url.render_as_string(hide_password=False).replace("%", "%%"))
+        return config
+
+    def upgrade(self, revision: str = "head") -> None:
+        with self.engine.begin() as connection:
+            config = self.alembic_config()
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+        log.info("database %s at migration %s", self.url.render_as_string(hide_password=True), revision)
+
+    def downgrade(self, revision: str) -> None:
+        with self.engine.begin() as connection:
+            config = self.alembic_config()
+            config.attributes["connection"] = connection
+            command.downgrade(config, revision)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A unit of work: committed on success, rolled back on any exception."""
+        with self._sessionmaker() as session, session.begin():
+            yield session
+
+    def ping(self) -> bool:
+        try:
+            with self.engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            return True
+        except Exception:  # noqa: BLE001 - readiness reports any failure as "not ready"
+            log.warning("database ping failed", exc_info=True)
+            return False
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def _install_sqlite_pragmas(engine: Engine, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()

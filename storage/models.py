@@ -1,0 +1,132 @@
+"""What the bot keeps: chats, sessions, messages with their token ids, processed events."""
+
+from __future__ import annotations
+
+from array import array
+from datetime import datetime, timezone
+import sys
+
+from sqlalchemy import DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Stored as naive UTC (SQLite has no time zones), always returned aware."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: object) -> datetime | None:
+        if value is None:
+            return None
+        assert value.tzinfo is not None, "store aware datetimes only"
+        return value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: object) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=timezone.utc)
+
+
+class TokenIds(TypeDecorator[list[int]]):
+    """Token ids as packed little-endian uint32: 4 bytes a token, no JSON parsing on restore."""
+
+    impl = LargeBinary
+    cache_ok = True
+
+    def process_bind_param(self, value: list[int] | None, dialect: object) -> bytes | None:
+        if value is None:
+            return None
+        packed = array("I", value)
+        if sys.byteorder != "little":
+            packed.byteswap()
+        return packed.tobytes()
+
+    def process_result_value(self, value: bytes | None, dialect: object) -> list[int] | None:
+        if value is None:
+            return None
+        packed = array("I")
+        packed.frombytes(value)
+        if sys.byteorder != "little":
+            packed.byteswap()
+        return packed.tolist()
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Chat(Base):
+    """A conversation place: a Feishu group or private chat, or a web/API client."""
+
+    __tablename__ = "chats"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    channel: Mapped[str] = mapped_column(String(32))
+    chat_type: Mapped[str] = mapped_column(String(16), default="p2p")
+    name: Mapped[str | None] = mapped_column(String(256))
+    system_prompt: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+    sessions: Mapped[list[ChatSession]] = relationship(back_populates="chat")
+
+
+class ChatSession(Base):
+    """One conversation thread; at most one active session per key."""
+
+    __tablename__ = "sessions"
+    __table_args__ = (
+        Index(
+            "uq_sessions_active_key",
+            "key",
+            unique=True,
+            sqlite_where=text("state = 'active'"),
+            postgresql_where=text("state = 'active'"),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(256), index=True)
+    chat_id: Mapped[str | None] = mapped_column(ForeignKey("chats.id", ondelete="SET NULL"), index=True)
+    system_prompt: Mapped[str | None] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16), default="active")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_active_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+    closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    chat: Mapped[Chat | None] = relationship(back_populates="sessions")
+    messages: Mapped[list[Message]] = relationship(
+        back_populates="session", order_by="Message.seq", cascade="all, delete-orphan"
+    )
+
+
+class Message(Base):
+    """One message of a session, with the exact token ids the model saw or produced."""
+
+    __tablename__ = "messages"
+    __table_args__ = (UniqueConstraint("session_id", "seq", name="uq_messages_session_seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_id: Mapped[int] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    seq: Mapped[int] = mapped_column(Integer)
+    turn_index: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))
+    text: Mapped[str] = mapped_column(Text)
+    token_ids: Mapped[list[int]] = mapped_column(TokenIds)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    session: Mapped[ChatSession] = relationship(back_populates="messages")
+
+
+class ProcessedEvent(Base):
+    """A dedup key (Feishu message_id / event_id) seen before; kept until it expires."""
+
+    __tablename__ = "processed_events"
+
+    key: Mapped[str] = mapped_column(String(256), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)

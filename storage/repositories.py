@@ -1,0 +1,131 @@
+"""Small repositories over one unit of work (a SQLAlchemy Session from Database.session())."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from storage.models import Chat, ChatSession, Message, ProcessedEvent, utcnow
+
+
+class ChatRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, chat_id: str) -> Chat | None:
+        return self.session.get(Chat, chat_id)
+
+    def get_or_create(self, chat_id: str, *, channel: str, chat_type: str = "p2p", name: str | None = None) -> Chat:
+        chat = self.session.get(Chat, chat_id)
+        if chat is not None:
+            return chat
+        chat = Chat(id=chat_id, channel=channel, chat_type=chat_type, name=name)
+        self.session.add(chat)
+        self.session.flush()
+        return chat
+
+    def set_system_prompt(self, chat_id: str, system_prompt: str | None) -> None:
+        chat = self.session.get(Chat, chat_id)
+        assert chat is not None, f"unknown chat {chat_id}"
+        chat.system_prompt = system_prompt
+
+
+class SessionRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def active(self, key: str) -> ChatSession | None:
+        return self.session.scalar(select(ChatSession).where(ChatSession.key == key, ChatSession.state == "active"))
+
+    def get(self, session_id: int) -> ChatSession | None:
+        return self.session.get(ChatSession, session_id)
+
+    def create(self, key: str, *, chat_id: str | None = None, system_prompt: str | None = None) -> ChatSession:
+        chat_session = ChatSession(key=key, chat_id=chat_id, system_prompt=system_prompt)
+        self.session.add(chat_session)
+        self.session.flush()
+        return chat_session
+
+    def touch(self, session_id: int, when: datetime | None = None) -> None:
+        self.session.execute(
+            update(ChatSession).where(ChatSession.id == session_id).values(last_active_at=when or utcnow())
+        )
+
+    def close(self, session_id: int, when: datetime | None = None) -> None:
+        self.session.execute(
+            update(ChatSession)
+            .where(ChatSession.id == session_id, ChatSession.state == "active")
+            .values(state="closed", closed_at=when or utcnow())
+        )
+
+    def close_idle(self, idle_since: datetime) -> list[str]:
+        """Close every active session last active before `idle_since`; returns their keys."""
+        keys = self.session.scalars(
+            select(ChatSession.key).where(ChatSession.state == "active", ChatSession.last_active_at < idle_since)
+        ).all()
+        if keys:
+            self.session.execute(
+                update(ChatSession)
+                .where(ChatSession.state == "active", ChatSession.last_active_at < idle_since)
+                .values(state="closed", closed_at=utcnow())
+            )
+        return list(keys)
+
+    def recent(self, limit: int = 100, offset: int = 0) -> Sequence[ChatSession]:
+        return self.session.scalars(
+            select(ChatSession).order_by(ChatSession.last_active_at.desc()).limit(limit).offset(offset)
+        ).all()
+
+    def count(self, state: str | None = None) -> int:
+        query = select(func.count()).select_from(ChatSession)
+        if state is not None:
+            query = query.where(ChatSession.state == state)
+        return self.session.scalar(query) or 0
+
+
+class MessageRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def add(self, session_id: int, *, seq: int, turn_index: int, role: str, text: str, token_ids: list[int]) -> Message:
+        message = Message(
+            session_id=session_id, seq=seq, turn_index=turn_index, role=role, text=text, token_ids=token_ids
+        )
+        self.session.add(message)
+        self.session.flush()
+        return message
+
+    def of_session(self, session_id: int) -> Sequence[Message]:
+        return self.session.scalars(select(Message).where(Message.session_id == session_id).order_by(Message.seq)).all()
+
+
+class EventRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def claim(self, key: str, ttl: timedelta, now: datetime | None = None) -> bool:
+        """Record `key` as processed. False if it was already claimed and has not expired.
+
+        The primary key makes this safe across replicas sharing one database: of two inserts of
+        the same key, exactly one succeeds."""
+        now = now or utcnow()
+        existing = self.session.get(ProcessedEvent, key)
+        if existing is not None:
+            if existing.expires_at > now:
+                return False
+            existing.created_at, existing.expires_at = now, now + ttl
+            return True
+        try:
+            with self.session.begin_nested():
+                self.session.add(ProcessedEvent(key=key, created_at=now, expires_at=now + ttl))
+        except IntegrityError:
+            return False
+        return True
+
+    def purge_expired(self, now: datetime | None = None) -> int:
+        result = self.session.execute(delete(ProcessedEvent).where(ProcessedEvent.expires_at <= (now or utcnow())))
+        return result.rowcount or 0

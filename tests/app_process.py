@@ -1,0 +1,68 @@
+"""Runs `python app.py` as a real process on a loopback port, for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class AppProcess:
+    def __init__(self, workdir: Path, port: int, overrides: dict[str, Any] | None = None) -> None:
+        self.workdir = workdir
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}"
+        config: dict[str, Any] = {
+            "server": {"host": "127.0.0.1", "port": port},
+            "storage": {"url": f"sqlite:///{workdir / 'bot.db'}"},
+        }
+        for section, values in (overrides or {}).items():
+            config.setdefault(section, {}).update(values)
+        self.config_path = workdir / "config.yaml"
+        self.config_path.write_text(yaml.safe_dump(config), encoding="utf-8")
+        self.log_path = workdir / "app.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 120.0) -> AppProcess:
+        env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"}
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(ROOT / "app.py"), "--config", str(self.config_path)],
+                cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=env,
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"app exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"app did not answer /healthz within {timeout_s} s:\n{self.log()}")
+
+    def stop(self, sig: int = signal.SIGINT, timeout_s: float = 30.0) -> tuple[int, float]:
+        """Send `sig`; returns the exit code and the seconds it took to exit."""
+        assert self.process is not None
+        started = time.monotonic()
+        self.process.send_signal(sig)
+        try:
+            code = self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = self.process.wait()
+        return code, time.monotonic() - started
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""

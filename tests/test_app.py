@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app_process import AppProcess
+from conftest import free_port
+from storage import Database, SessionRepository
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_app_serves_health_and_stops_cleanly(tmp_path: Path, sig: int) -> None:
+    app = AppProcess(tmp_path, free_port()).start()
+    try:
+        health = httpx.get(f"{app.base_url}/healthz")
+        assert health.status_code == 200
+        assert health.json() == {"status": "ok"}
+        ready = httpx.get(f"{app.base_url}/readyz")
+        assert ready.status_code == 200
+        assert ready.json()["checks"]["database"] is True
+    finally:
+        code, seconds = app.stop(sig)
+    assert code == 0, app.log()
+    assert seconds < 5
+    assert "stopped cleanly" in app.log()
+    assert (tmp_path / "bot.db").exists()
+
+
+def test_restart_keeps_rows(tmp_path: Path) -> None:
+    port = free_port()
+    app = AppProcess(tmp_path, port).start()
+    app.stop()
+    database = Database(f"sqlite:///{tmp_path / 'bot.db'}")
+    with database.session() as session:
+        SessionRepository(session).create("feishu:oc_keep", system_prompt="remember me")
+    database.close()
+
+    app = AppProcess(tmp_path, port).start()
+    app.stop()
+    database = Database(f"sqlite:///{tmp_path / 'bot.db'}")
+    with database.session() as session:
+        kept = SessionRepository(session).active("feishu:oc_keep")
+        assert kept is not None and kept.system_prompt == "remember me"
+    database.close()
+
+
+def test_readyz_is_503_when_the_database_is_unreachable(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from app import build_app
+    from settings import Settings
+
+    settings = Settings.model_validate({"storage": {"url": f"sqlite:///{tmp_path / 'bot.db'}"}})
+    with TestClient(build_app(settings)) as client:
+        assert client.get("/readyz").status_code == 200
+        for suffix in ("", "-wal", "-shm"):
+            (tmp_path / f"bot.db{suffix}").unlink(missing_ok=True)
+        (tmp_path / "bot.db").mkdir()  # a folder where the file was: no connection can open it
+        client.app.state.db.engine.dispose()
+        ready = client.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json() == {"status": "not ready", "checks": {"database": False}}

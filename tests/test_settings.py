@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from settings import ConfigError, Settings, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_shipped_config_equals_defaults() -> None:
+    assert load_settings(ROOT / "config.yaml") == Settings()
+
+
+def _keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            keys += _keys(field.annotation, f"{prefix}{name}.")
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
+
+
+def test_every_setting_is_in_config_yaml_with_a_comment() -> None:
+    lines = (ROOT / "config.yaml").read_text(encoding="utf-8").splitlines()
+    for dotted in _keys(Settings):
+        key = dotted.rsplit(".", 1)[-1]
+        matching = [line for line in lines if re.match(rf"\s+{key}:", line)]
+        assert matching, f"{dotted} missing from config.yaml"
+        assert all("#" in line for line in matching), f"{dotted} has no comment in config.yaml"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('server:\n  port: "abc"\n', 'config.yaml: server.port: expected an integer 1-65535, got "abc"'),
+        ("server:\n  port: 70000\n", "config.yaml: server.port: expected an integer 1-65535, got 70000"),
+        ("server:\n  colour: red\n", "config.yaml: server.colour: unknown key"),
+        ("serve:\n  port: 1\n", "config.yaml: serve: unknown key"),
+        ("logging:\n  level: LOUD\n", "config.yaml: logging.level: expected one of"),
+        ("storage:\n  echo_sql: maybe\n", "config.yaml: storage.echo_sql: expected true or false"),
+        ("server: [1\n", "config.yaml: not valid YAML"),
+        ("- a\n- b\n", "config.yaml: expected a mapping"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as excinfo:
+        load_settings(write(tmp_path, text))
+    assert str(excinfo.value).startswith(message)
+    assert "\n" not in str(excinfo.value)
+
+
+def test_empty_file_means_defaults(tmp_path: Path) -> None:
+    assert load_settings(write(tmp_path, "")) == Settings()
+
+
+def test_values_are_typed(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "server:\n  port: 9001\nstorage:\n  url: sqlite:///x.db\n"))
+    assert settings.server.port == 9001
+    assert settings.storage.url == "sqlite:///x.db"
+
+
+def test_cli_exits_non_zero_with_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, 'server:\n  port: "abc"\n')
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "app.py"), "--config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == ['config.yaml: server.port: expected an integer 1-65535, got "abc"']

@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect, text
+from sqlalchemy.exc import IntegrityError
+
+from storage import (
+    ChatRepository,
+    Database,
+    EventRepository,
+    MessageRepository,
+    ProcessedEvent,
+    SessionRepository,
+    utcnow,
+)
+from storage.maintenance import run_maintenance
+
+TABLES = {"chats", "sessions", "messages", "processed_events"}
+
+
+def test_upgrade_empty_database_to_head_and_back(tmp_path: Path) -> None:
+    database = Database(f"sqlite:///{tmp_path / 'fresh.db'}")
+    assert not TABLES & set(inspect(database.engine).get_table_names())
+    database.upgrade()
+    assert TABLES <= set(inspect(database.engine).get_table_names())
+    database.downgrade("base")
+    assert set(inspect(database.engine).get_table_names()) == {"alembic_version"}
+    database.upgrade()  # and forward again: the downgrade left nothing behind
+    assert TABLES <= set(inspect(database.engine).get_table_names())
+    database.close()
+
+
+def test_sqlite_pragmas(db: Database) -> None:
+    with db.engine.connect() as connection:
+        assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert connection.execute(text("PRAGMA foreign_keys")).scalar() == 1
+        assert connection.execute(text("PRAGMA busy_timeout")).scalar() == 5000
+
+
+def test_sqlite_parent_folder_is_created(tmp_path: Path) -> None:
+    database = Database(f"sqlite:///{tmp_path / 'a' / 'b' / 'bot.db'}")
+    database.upgrade()
+    assert (tmp_path / "a" / "b" / "bot.db").exists()
+    database.close()
+
+
+def test_messages_keep_token_ids_exactly(db: Database) -> None:
+    ids = [0, 1, 151643, 151645, 2**31 + 5, 7] * 50
+    with db.session() as session:
+        chat = ChatRepository(session).get_or_create("oc_1", channel="feishu", chat_type="group")
+        chat_session = SessionRepository(session).create("feishu:oc_1", chat_id=chat.id, system_prompt="be brief")
+        MessageRepository(session).add(chat_session.id, seq=0, turn_index=0, role="user", text="你好", token_ids=ids)
+        session_id = chat_session.id
+    with db.session() as session:
+        [message] = MessageRepository(session).of_session(session_id)
+        assert message.token_ids == ids
+        assert message.text == "你好"
+        assert message.created_at.tzinfo is not None
+
+
+def test_one_active_session_per_key(db: Database) -> None:
+    with db.session() as session:
+        first = SessionRepository(session).create("k")
+    with pytest.raises(IntegrityError), db.session() as session:
+        SessionRepository(session).create("k")
+    with db.session() as session:
+        sessions = SessionRepository(session)
+        sessions.close(first.id)
+        second = sessions.create("k")
+        assert sessions.active("k").id == second.id
+        assert sessions.count() == 2
+
+
+def test_failed_unit_of_work_writes_nothing(db: Database) -> None:
+    with db.session() as session:
+        chat_session = SessionRepository(session).create("k")
+    with pytest.raises(IntegrityError), db.session() as session:
+        messages = MessageRepository(session)
+        messages.add(chat_session.id, seq=0, turn_index=0, role="user", text="q", token_ids=[1])
+        messages.add(chat_session.id, seq=0, turn_index=0, role="assistant", text="a", token_ids=[2])
+    with db.session() as session:
+        assert MessageRepository(session).of_session(chat_session.id) == []
+
+
+def test_deleting_a_session_deletes_its_messages(db: Database) -> None:
+    with db.session() as session:
+        chat_session = SessionRepository(session).create("k")
+        MessageRepository(session).add(chat_session.id, seq=0, turn_index=0, role="user", text="q", token_ids=[1])
+    with db.session() as session:
+        session.delete(SessionRepository(session).get(chat_session.id))
+    with db.session() as session:
+        assert session.execute(text("SELECT count(*) FROM messages")).scalar() == 0
+
+
+def test_event_claim_is_once_until_expiry(db: Database) -> None:
+    now = utcnow()
+    with db.session() as session:
+        events = EventRepository(session)
+        assert events.claim("om_1", timedelta(hours=24), now=now)
+        assert not events.claim("om_1", timedelta(hours=24), now=now + timedelta(hours=1))
+        assert events.claim("om_1", timedelta(hours=24), now=now + timedelta(hours=25))
+
+
+def test_maintenance_purges_expired_events_and_closes_idle_sessions(db: Database) -> None:
+    now = utcnow()
+    with db.session() as session:
+        events = EventRepository(session)
+        for index in range(5):
+            events.claim(f"old-{index}", timedelta(hours=24), now=now - timedelta(hours=30))
+        for index in range(3):
+            events.claim(f"new-{index}", timedelta(hours=24), now=now - timedelta(hours=1))
+        sessions = SessionRepository(session)
+        idle = sessions.create("idle")
+        sessions.touch(idle.id, now - timedelta(hours=48))
+        busy = sessions.create("busy")
+        sessions.touch(busy.id, now - timedelta(minutes=5))
+
+    report = run_maintenance(db, session_idle_ttl=timedelta(hours=24), now=now)
+
+    assert report.purged_events == 5
+    assert report.closed_session_keys == ["idle"]
+    with db.session() as session:
+        remaining = sorted(event.key for event in session.query(ProcessedEvent))
+        assert remaining == ["new-0", "new-1", "new-2"]
+        sessions = SessionRepository(session)
+        assert sessions.active("idle") is None
+        assert sessions.get(idle.id).state == "closed"
+        assert sessions.get(idle.id).closed_at is not None
+        assert sessions.active("busy") is not None
+    assert run_maintenance(db, session_idle_ttl=timedelta(hours=24), now=now).purged_events == 0

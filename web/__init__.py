@@ -1,0 +1,1 @@
+"""HTTP surface: FastAPI routers over the engine and storage."""

@@ -46,16 +46,45 @@ class MaintenanceSettings(Section):
     interval_s: int = Field(300, ge=1, le=86_400)
 
 
+class FeishuSettings(Section):
+    mode: Literal["longconn", "webhook"] = "longconn"
+    app_id: str = ""
+    app_secret: str = ""
+    verification_token: str = ""
+    encrypt_key: str = ""
+    domain: str = Field("https://open.feishu.cn", pattern=r"^https?://[^/\s]+$")
+    max_event_age_s: int = Field(600, ge=10)
+    dedup_ttl_s: int = Field(172_800, ge=86_400)
+    stream_interval_ms: int = Field(300, ge=50, le=10_000)
+    answer_at_all: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.app_id and self.app_secret)
+
+
+class AdminSettings(Section):
+    token: str = ""
+
+
 class Settings(Section):
     server: ServerSettings = ServerSettings()
     storage: StorageSettings = StorageSettings()
     logging: LoggingSettings = LoggingSettings()
     sessions: SessionSettings = SessionSettings()
     maintenance: MaintenanceSettings = MaintenanceSettings()
+    feishu: FeishuSettings = FeishuSettings()
+    admin: AdminSettings = AdminSettings()
 
 
 # Secrets read from the environment, overriding the file: variable -> dotted key.
-SECRET_ENV: dict[str, str] = {}
+SECRET_ENV: dict[str, str] = {
+    "FEISHU_APP_ID": "feishu.app_id",
+    "FEISHU_APP_SECRET": "feishu.app_secret",
+    "FEISHU_VERIFICATION_TOKEN": "feishu.verification_token",
+    "FEISHU_ENCRYPT_KEY": "feishu.encrypt_key",
+    "CLAWDBOT_ADMIN_TOKEN": "admin.token",
+}
 
 
 class ConfigError(Exception):

@@ -79,3 +79,20 @@ def test_cli_exits_non_zero_with_one_line(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == ['config.yaml: server.port: expected an integer 1-65535, got "abc"']
+
+
+def test_secrets_come_from_the_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, "feishu:\n  app_id: cli_file\n  app_secret: from-file\n")
+    environ = {"FEISHU_APP_SECRET": "from-env", "FEISHU_ENCRYPT_KEY": "ek", "CLAWDBOT_ADMIN_TOKEN": "adm"}
+    settings = load_settings(path, environ=environ)
+    assert settings.feishu.app_id == "cli_file"
+    assert settings.feishu.app_secret == "from-env"
+    assert settings.feishu.encrypt_key == "ek"
+    assert settings.admin.token == "adm"
+    assert settings.feishu.enabled
+    assert not load_settings(None, environ={}).feishu.enabled
+
+
+def test_dedup_ttl_is_at_least_a_day(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"feishu.dedup_ttl_s: expected an integer >= 86400, got 60"):
+        load_settings(write(tmp_path, "feishu:\n  dedup_ttl_s: 60\n"))

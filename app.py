@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -15,9 +17,16 @@ from datetime import timedelta
 from pathlib import Path
 
 import uvicorn
-from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from fastapi import FastAPI
 
+from bot import FeishuBot
+from engine.cache import CacheConfig, EvictionWeights, ResponseCache
+from engine.chat_manager import ChatConfig, ChatManager
+from engine.compression import CompressionConfig
+from engine.embeddings import EmbedderConfig, build_embedder
+from engine.llm import LLMEngine, SamplingParams
+from engine.merging import RequestMerger
 from logging_setup import configure_logging
 from settings import ConfigError, Settings, load_settings
 from storage import Database
@@ -29,37 +38,108 @@ log = logging.getLogger("clawdbot")
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "config.yaml"
 
 
+def build_engine(settings: Settings) -> LLMEngine:
+    engine = settings.engine
+    return LLMEngine.from_pretrained(
+        engine.model,
+        data_dir=engine.data_dir,
+        device=engine.device,
+        dtype=engine.dtype,
+        block_size=engine.block_size,
+        kv_cache_tokens=engine.kv_cache_tokens,
+        gpu_memory_fraction=engine.gpu_memory_fraction,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_model_len=engine.max_model_len or None,
+        enable_prefix_caching=engine.enable_prefix_caching,
+    )
+
+
+def build_cache(settings: Settings, db: Database) -> ResponseCache:
+    cache = settings.cache
+    config = CacheConfig(
+        enabled=cache.enabled,
+        embedder=EmbedderConfig(backend=cache.embedder, model=cache.embedder_model),
+        thresholds=dict(cache.thresholds),
+        capacity=cache.capacity,
+        ttl_s=cache.ttl_s,
+        policy=cache.policy,
+        eviction=EvictionWeights(
+            frequency=cache.frequency_weight, closeness=cache.closeness_weight, age=cache.age_weight
+        ),
+        approx_index_min_entries=cache.approx_index_min_entries,
+        verify=cache.verify,
+    )
+    response_cache = ResponseCache(config, build_embedder(config.embedder), db)
+    response_cache.load()
+    return response_cache
+
+
+def build_chat_manager(settings: Settings, engine: LLMEngine, cache: ResponseCache, db: Database) -> ChatManager:
+    generation, context = settings.generation, settings.context
+    config = ChatConfig(
+        model_name=engine.model_name,
+        system_prompt=context.system_prompt,
+        session_scope=context.session_scope,
+        max_message_chars=settings.limits.max_message_chars,
+        enable_thinking=context.enable_thinking,
+        merge_requests=settings.cache.merge_requests,
+        sampling=SamplingParams(**generation.model_dump()),
+        compression=CompressionConfig(
+            max_prompt_tokens=context.max_prompt_tokens,
+            target_ratio=context.compress_to_ratio,
+            keep_last_turns=context.keep_last_turns,
+            relevance_weight=context.relevance_weight,
+            recency_weight=context.recency_weight,
+            role_weight=context.role_weight,
+            recency_half_life_turns=context.recency_half_life_turns,
+            summary_max_tokens=context.summary_max_tokens,
+        ),
+    )
+    return ChatManager(config, engine, db, cache, RequestMerger(), cache.embedder)
+
+
 def build_app(settings: Settings) -> FastAPI:
     db = Database(settings.storage.url, busy_timeout_ms=settings.storage.busy_timeout_ms, echo=settings.storage.echo_sql)
     db.upgrade()
+    engine = build_engine(settings)
+    cache = build_cache(settings, db)
+    chat_manager = build_chat_manager(settings, engine, cache, db)
+    bot = FeishuBot(settings.feishu, chat_manager, db)
 
-    scheduler = BackgroundScheduler(timezone="UTC")
+    async def maintenance() -> None:
+        report = await asyncio.to_thread(
+            run_maintenance, db, session_idle_ttl=timedelta(seconds=settings.sessions.idle_ttl_s)
+        )
+        chat_manager.forget(report.closed_session_keys)
+        await asyncio.to_thread(cache.purge_expired)
+
+    scheduler = AsyncIOScheduler(timezone="UTC")
     scheduler.add_job(
-        run_maintenance,
-        "interval",
-        seconds=settings.maintenance.interval_s,
-        kwargs={"db": db, "session_idle_ttl": timedelta(seconds=settings.sessions.idle_ttl_s)},
-        id="maintenance",
-        max_instances=1,
-        coalesce=True,
+        maintenance, "interval", seconds=settings.maintenance.interval_s, id="maintenance", max_instances=1, coalesce=True
     )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         scheduler.start()
+        await bot.start()
         log.info("serving on http://%s:%d", settings.server.host, settings.server.port)
         try:
             yield
         finally:
-            scheduler.shutdown(wait=True)
+            await bot.stop()
+            scheduler.shutdown(wait=False)
+            engine.shutdown()
             db.close()
             log.info("stopped cleanly")
 
     app = FastAPI(title="Clawdbot", lifespan=lifespan)
     app.state.settings = settings
     app.state.db = db
-    app.state.readiness_checks = {"database": db.ping}
+    app.state.chat_manager = chat_manager
+    app.state.readiness_checks = {"database": db.ping, "model": engine.is_running}
     app.include_router(health.router)
+    app.include_router(bot.router)
     return app
 
 
@@ -91,4 +171,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Every part is closed by now (database disposed, engine stopped). Skipping the interpreter's
+    # teardown of torch's thread pools and loaded modules, which takes seconds, makes stopping fast.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

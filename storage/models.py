@@ -6,7 +6,7 @@ from array import array
 from datetime import datetime, timezone
 import sys
 
-from sqlalchemy import DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint, text
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -97,6 +97,11 @@ class ChatSession(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_active_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
     closed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # After a compression the context is these messages in this order (summaries included),
+    # followed by every message with a seq above compacted_through_seq. None: all messages.
+    context_seqs: Mapped[list[int] | None] = mapped_column(JSON)
+    compacted_through_seq: Mapped[int | None] = mapped_column(Integer)
+    compressions: Mapped[int] = mapped_column(Integer, default=0)
 
     chat: Mapped[Chat | None] = relationship(back_populates="sessions")
     messages: Mapped[list[Message]] = relationship(
@@ -130,3 +135,20 @@ class ProcessedEvent(Base):
     key: Mapped[str] = mapped_column(String(256), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+class CacheEntry(Base):
+    """A cached answer: the question it answers within its scope, and that question's embedding."""
+
+    __tablename__ = "cache_entries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    scope: Mapped[str] = mapped_column(String(64), index=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    question: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str] = mapped_column(Text)
+    embedder: Mapped[str] = mapped_column(String(256))
+    embedding: Mapped[bytes] = mapped_column(LargeBinary)  # float32, native byte order
+    hits: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_hit_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import yaml
 
+from support import SHARED_DATA_DIR
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -24,6 +26,7 @@ class AppProcess:
         config: dict[str, Any] = {
             "server": {"host": "127.0.0.1", "port": port},
             "storage": {"url": f"sqlite:///{workdir / 'bot.db'}"},
+            "engine": {"model": "builtin:tiny-qwen3", "data_dir": str(SHARED_DATA_DIR)},
         }
         for section, values in (overrides or {}).items():
             config.setdefault(section, {}).update(values)

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from app_process import AppProcess
-from conftest import free_port
+from support import SHARED_DATA_DIR, free_port
 from storage import Database, SessionRepository
 
 
@@ -53,7 +53,12 @@ def test_readyz_is_503_when_the_database_is_unreachable(tmp_path: Path) -> None:
     from app import build_app
     from settings import Settings
 
-    settings = Settings.model_validate({"storage": {"url": f"sqlite:///{tmp_path / 'bot.db'}"}})
+    settings = Settings.model_validate(
+        {
+            "storage": {"url": f"sqlite:///{tmp_path / 'bot.db'}"},
+            "engine": {"model": "builtin:tiny-qwen3", "data_dir": str(SHARED_DATA_DIR)},
+        }
+    )
     with TestClient(build_app(settings)) as client:
         assert client.get("/readyz").status_code == 200
         for suffix in ("", "-wal", "-shm"):
@@ -62,4 +67,4 @@ def test_readyz_is_503_when_the_database_is_unreachable(tmp_path: Path) -> None:
         client.app.state.db.engine.dispose()
         ready = client.get("/readyz")
     assert ready.status_code == 503
-    assert ready.json() == {"status": "not ready", "checks": {"database": False}}
+    assert ready.json() == {"status": "not ready", "checks": {"database": False, "model": True}}

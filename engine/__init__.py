@@ -1,0 +1,1 @@
+"""Everything between "a user said X in chat C" and tokens."""

@@ -1,0 +1,123 @@
+"""Tensorized conversation history: one growing buffer of token ids plus an index of messages.
+
+A message is tokenized once, when it is appended, together with its chat framing
+(`<|im_start|>role\\n ... <|im_end|>\\n`). The prompt for the next turn is a slice of the buffer
+plus the generation prompt, so turn k+1's prompt starts with exactly the ids of turn k's prompt
+and reply, and the engine's prefix cache hits on all of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+Role = Literal["system", "user", "assistant", "summary"]
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """Qwen3's chat framing as token ids, computed once per tokenizer."""
+
+    im_start: int
+    im_end: int
+    newline: list[int]
+    generation_prompt: list[int]
+    eos_token_ids: frozenset[int]
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: PreTrainedTokenizerBase, *, enable_thinking: bool = False) -> ChatFormat:
+        im_start, im_end, endoftext = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|endoftext|>"])
+        # Thinking off: Qwen3's template opens the reply with an empty think block.
+        opening = "assistant\n" if enable_thinking else "assistant\n<think>\n\n</think>\n\n"
+        return cls(
+            im_start=im_start,
+            im_end=im_end,
+            newline=_encode(tokenizer, "\n"),
+            generation_prompt=[im_start, *tokenizer.encode(opening, add_special_tokens=False)],
+            eos_token_ids=frozenset({im_end, endoftext}),
+        )
+
+    def message(self, tokenizer: PreTrainedTokenizerBase, role: Role, text: str) -> list[int]:
+        """The ids of one framed message, exactly as the chat template would render it."""
+        # A summary is context the model reads, not a turn: it is framed as a system message.
+        header = "system" if role == "summary" else role
+        return [self.im_start, *_encode(tokenizer, f"{header}\n{text}"), self.im_end, *self.newline]
+
+    def reply(self, generated_ids: Sequence[int]) -> list[int]:
+        """The ids of an assistant message whose body the engine generated after the generation prompt."""
+        body = list(generated_ids)
+        while body and body[-1] in self.eos_token_ids:
+            body.pop()
+        return [*self.generation_prompt, *body, self.im_end, *self.newline]
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    # User text that spells "<|im_end|>" must stay text, never become a control token.
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+
+@dataclass
+class MessageRecord:
+    role: Role
+    token_start: int
+    token_length: int
+    text: str
+    turn_index: int
+    seq: int
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def token_end(self) -> int:
+        return self.token_start + self.token_length
+
+
+class TokenHistory:
+    """Append-only token ids of one session's context, with the message index over them."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._buffer = np.empty(max(capacity, 16), dtype=np.int32)
+        self.num_tokens = 0
+        self.records: list[MessageRecord] = []
+
+    def append(self, role: Role, token_ids: Sequence[int], *, text: str, turn_index: int, seq: int) -> MessageRecord:
+        needed = self.num_tokens + len(token_ids)
+        if needed > len(self._buffer):
+            grown = np.empty(max(needed, 2 * len(self._buffer)), dtype=np.int32)
+            grown[: self.num_tokens] = self._buffer[: self.num_tokens]
+            self._buffer = grown
+        self._buffer[self.num_tokens : needed] = token_ids
+        record = MessageRecord(role, self.num_tokens, len(token_ids), text, turn_index, seq)
+        self.num_tokens = needed
+        self.records.append(record)
+        return record
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        """A read-only view of the whole context (no copy)."""
+        view = self._buffer[: self.num_tokens]
+        view.flags.writeable = False
+        return view
+
+    def ids_of(self, record: MessageRecord) -> np.ndarray:
+        return self._buffer[record.token_start : record.token_end]
+
+    def prompt(self, *pending: Sequence[int]) -> list[int]:
+        """The whole context followed by `pending` pieces (the new user message, the generation prompt)."""
+        return np.concatenate([self._buffer[: self.num_tokens], *(np.asarray(p, dtype=np.int32) for p in pending)]).tolist()
+
+    def context_digest(self) -> str:
+        """Identifies the conversation so far, system prompt excluded; '' before the first turn."""
+        start = self.records[0].token_end if self.records and self.records[0].role == "system" else 0
+        if start == self.num_tokens:
+            return ""
+        return hashlib.blake2b(self._buffer[start : self.num_tokens].tobytes(), digest_size=16).hexdigest()
+
+    @property
+    def next_seq(self) -> int:
+        return self.records[-1].seq + 1 if self.records else 0

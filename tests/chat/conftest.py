@@ -1,0 +1,1 @@
+from chat_support import embedder, engine, managers, tokenizer  # noqa: F401  (fixtures)

@@ -1,0 +1,194 @@
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from sqlalchemy import text as sql
+
+from chat_support import ManagerFactory, small_context
+from engine.chat_manager import Conversation, InvalidMessage
+from storage import Database, Message, MessageRepository, SessionRepository
+
+ALICE = Conversation(channel="web", chat_id="alice")
+BOB = Conversation(channel="web", chat_id="bob")
+
+
+async def ask(manager, conversation: Conversation, text: str):  # type: ignore[no-untyped-def]
+    return await manager.turn(conversation, text).collect()
+
+
+async def test_prompt_is_append_only_and_the_prefix_cache_hits(managers: ManagerFactory) -> None:
+    manager = managers()
+    first = await ask(manager, ALICE, "What is a paged KV cache?")
+    state = manager._sessions[manager.session_key(ALICE)]
+    after_first = state.history.token_ids.copy()
+    second = await ask(manager, ALICE, "And why does prefix caching help multi-turn chat?")
+    after_second = state.history.token_ids
+
+    assert after_second[: len(after_first)].tolist() == after_first.tolist()
+    assert second.prompt_tokens > len(after_first)
+    block = manager.engine.config.block_size
+    assert second.cached_tokens >= (len(after_first) // block - 1) * block > 0
+    assert first.session_id == second.session_id
+
+
+async def test_restart_restores_identical_ids(managers: ManagerFactory) -> None:
+    manager = managers()
+    for question in ("Hello there", "你好，请介绍一下你自己", "Thanks!"):
+        await ask(manager, ALICE, question)
+    before = manager._sessions[manager.session_key(ALICE)].history
+
+    restarted = managers()
+    state = await restarted._session(ALICE)
+    assert state.history.token_ids.tolist() == before.token_ids.tolist()
+    assert [(r.role, r.seq, r.turn_index, r.text) for r in state.history.records] == [
+        (r.role, r.seq, r.turn_index, r.text) for r in before.records
+    ]
+    result = await ask(restarted, ALICE, "One more question")
+    assert result.session_id == state.id
+    assert state.next_turn == 4
+
+
+async def test_turns_of_one_session_run_in_order_and_sessions_run_concurrently(
+    managers: ManagerFactory, db: Database
+) -> None:
+    manager = managers()
+    spans: dict[str, list[tuple[float, float]]] = {"alice": [], "bob": []}
+
+    async def timed(conversation: Conversation, question: str) -> None:
+        turn = manager.turn(conversation, question)
+        started = time.perf_counter()
+        await turn.collect()
+        spans[conversation.chat_id].append((started, time.perf_counter()))
+
+    questions = [f"question number {index}" for index in range(5)]
+    await asyncio.gather(*(timed(ALICE, q) for q in questions), *(timed(BOB, q) for q in questions[:2]))
+
+    with db.session() as session:
+        alice = SessionRepository(session).active(manager.session_key(ALICE))
+        messages = MessageRepository(session).of_session(alice.id)
+        assert [m.text for m in messages if m.role == "user"] == questions
+        assert [m.role for m in messages] == ["user", "assistant"] * 5
+        assert [m.turn_index for m in messages] == [index // 2 for index in range(10)]
+    # Bob's turns did not wait for Alice's five: they finished before her last one did.
+    assert max(end for _, end in spans["bob"]) < max(end for _, end in spans["alice"])
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t ", "x" * 9001])
+async def test_bad_input_is_refused_and_nothing_is_stored(managers: ManagerFactory, db: Database, text: str) -> None:
+    manager = managers(max_message_chars=9000)
+    with pytest.raises(InvalidMessage) as excinfo:
+        manager.turn(ALICE, text)
+    assert "empty" in str(excinfo.value) or "too long" in str(excinfo.value)
+    with db.session() as session:
+        assert session.query(Message).count() == 0
+        assert SessionRepository(session).count() == 0
+
+
+async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers: ManagerFactory, db: Database) -> None:
+    manager = managers()
+    await ask(manager, ALICE, "first question")
+    state = manager._sessions[manager.session_key(ALICE)]
+    before = state.history.token_ids.tolist()
+    with db.engine.begin() as connection:  # the user message is written, then the reply's insert fails
+        connection.execute(sql(
+            "CREATE TRIGGER fail_reply BEFORE INSERT ON messages WHEN NEW.role = 'assistant' "
+            "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+        ))
+    with pytest.raises(Exception, match="disk full"):
+        await ask(manager, ALICE, "second question")
+
+    with db.session() as session:
+        assert [m.text for m in session.query(Message).order_by(Message.seq)][0::2] == ["first question"]
+        assert session.query(Message).count() == 2
+    assert state.history.token_ids.tolist() == before
+
+    with db.engine.begin() as connection:
+        connection.execute(sql("DROP TRIGGER fail_reply"))
+    result = await ask(manager, ALICE, "second question")
+    assert result.session_id == state.id
+    assert state.next_turn == 2
+    assert managers()._sessions == {}  # and a restart agrees with what is in memory
+    restored = await managers()._session(ALICE)
+    assert restored.history.token_ids.tolist() == state.history.token_ids.tolist()
+
+
+async def test_reset_starts_a_new_session_and_keeps_the_old_one(managers: ManagerFactory, db: Database) -> None:
+    manager = managers()
+    old = await ask(manager, ALICE, "remember this")
+    await manager.reset(ALICE)
+    new = await ask(manager, ALICE, "a fresh start")
+    assert new.session_id != old.session_id
+    stats = await manager.session_stats(ALICE)
+    assert stats["session_id"] == new.session_id and stats["turns"] == 1
+    with db.session() as session:
+        assert SessionRepository(session).get(old.session_id).state == "closed"
+        assert len(MessageRepository(session).of_session(old.session_id)) == 2
+
+
+async def test_system_prompt_is_per_chat_and_persisted(managers: ManagerFactory) -> None:
+    manager = managers()
+    await ask(manager, ALICE, "hi")
+    await manager.set_system_prompt(ALICE, "Answer like a pirate.")
+    await ask(manager, ALICE, "hi again")
+    assert (await manager._session(ALICE)).system_prompt == "Answer like a pirate."
+    assert (await manager._session(BOB)).system_prompt == "You are a test bot."
+    restarted = managers()
+    await restarted.reset(ALICE)
+    assert (await restarted._session(ALICE)).system_prompt == "Answer like a pirate."
+
+
+UNRELATED = [
+    "What's a good recipe for tomato soup?",
+    "How do I center a div in CSS?",
+    "Recommend a science fiction novel.",
+    "What is the capital of Australia?",
+    "How many legs does a spider have?",
+    "Explain how a bicycle gear works.",
+    "What time zone is Tokyo in?",
+    "Give me a tip for learning the guitar.",
+    "Why is the sky blue?",
+    "How do vaccines work?",
+    "What's the difference between TCP and UDP?",
+    "Suggest a name for a coffee shop.",
+]
+
+
+async def test_compression_keeps_the_relevant_fact_and_summarizes_the_rest(managers: ManagerFactory) -> None:
+    manager = managers()
+    fact = "Please remember: my dog is called Bruno and he is a beagle."
+    await ask(manager, ALICE, fact)
+    for question in UNRELATED:
+        await ask(manager, ALICE, question)
+    # Restart with a budget the next question just overflows, so that question drives the compression.
+    context_tokens = manager._sessions[manager.session_key(ALICE)].history.num_tokens
+    context = small_context(max_prompt_tokens=context_tokens + 10)
+    manager = managers(compression=context)
+    result = await ask(manager, ALICE, "What is the name of my dog?")
+
+    state = manager._sessions[manager.session_key(ALICE)]
+    records = state.history.records
+    texts = [record.text for record in records]
+    assert result.compressed and state.compressions == 1
+    assert fact in texts  # kept word for word
+    assert sum(record.role == "summary" for record in records) >= 1
+    assert not set(UNRELATED[:6]) & set(texts)  # the old unrelated turns went into summaries
+    turn_order = [record.turn_index for record in records if record.role != "system"]
+    assert turn_order == sorted(turn_order)
+    assert texts[-2] == "What is the name of my dog?"
+    assert result.prompt_tokens <= context.max_prompt_tokens
+    # The compressed context is the new stable prefix: the next turn reuses it, and so does a restart.
+    following = await ask(manager, ALICE, "Thanks")
+    assert not following.compressed and following.cached_tokens > 0
+    restored = await managers(compression=context)._session(ALICE)
+    assert restored.history.token_ids.tolist() == state.history.token_ids.tolist()
+
+
+async def test_budget_is_honoured_on_every_turn(managers: ManagerFactory) -> None:
+    context = small_context(max_prompt_tokens=512, keep_last_turns=1)
+    manager = managers(compression=context)
+    for index in range(14):
+        result = await ask(manager, BOB, f"Message {index}: " + "lorem ipsum dolor sit amet " * 4)
+        assert result.prompt_tokens <= context.max_prompt_tokens
+    assert manager._sessions[manager.session_key(BOB)].compressions >= 1

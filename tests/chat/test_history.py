@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from transformers import PreTrainedTokenizerBase
+
+from engine.history import ChatFormat, TokenHistory
+
+MESSAGES = [
+    "你好，今天北京天气怎么样？",
+    "Write a haiku about the sea.\nMake it sad.",
+    "  leading and trailing spaces are the caller's business  ",
+    "emoji 😀 and symbols <b>&amp;</b> and numbers 3.14159",
+]
+
+
+def template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], thinking: bool) -> list[int]:
+    encoded = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, enable_thinking=thinking, tokenize=True
+    )
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+@pytest.mark.parametrize("text", MESSAGES)
+@pytest.mark.parametrize("system", ["", "You are a helpful assistant. 回答要简洁。"])
+@pytest.mark.parametrize("thinking", [False, True])
+def test_one_turn_prompt_equals_the_chat_template(
+    tokenizer: PreTrainedTokenizerBase, text: str, system: str, thinking: bool
+) -> None:
+    chat_format = ChatFormat.for_tokenizer(tokenizer, enable_thinking=thinking)
+    history = TokenHistory()
+    messages = []
+    if system:
+        history.append("system", chat_format.message(tokenizer, "system", system), text=system, turn_index=-1, seq=-1)
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": text})
+    prompt = history.prompt(chat_format.message(tokenizer, "user", text), chat_format.generation_prompt)
+    assert prompt == template_ids(tokenizer, messages, thinking)
+
+
+def test_control_tokens_typed_by_a_user_stay_text(tokenizer: PreTrainedTokenizerBase) -> None:
+    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    ids = chat_format.message(tokenizer, "user", "end it here <|im_end|> please")
+    assert ids.count(chat_format.im_end) == 1 and ids[-2] == chat_format.im_end
+    assert "<|im_end|>" in tokenizer.decode(ids[1:-2])
+
+
+def test_reply_keeps_what_the_model_saw(tokenizer: PreTrainedTokenizerBase) -> None:
+    chat_format = ChatFormat.for_tokenizer(tokenizer)
+    body = tokenizer.encode("Sunny.", add_special_tokens=False)
+    ids = chat_format.reply([*body, chat_format.im_end])
+    assert ids == [*chat_format.generation_prompt, *body, chat_format.im_end, *chat_format.newline]
+
+
+def test_append_grows_without_rewriting_earlier_tokens() -> None:
+    history = TokenHistory(capacity=16)
+    expected: list[int] = []
+    for index in range(200):
+        ids = list(range(index, index + index % 7 + 1))
+        before = history.token_ids.copy()
+        history.append("user", ids, text=str(index), turn_index=index, seq=index)
+        expected += ids
+        assert np.array_equal(history.token_ids[: len(before)], before)
+    assert history.token_ids.tolist() == expected
+    assert history.prompt([1, 2]) == [*expected, 1, 2]
+    record = history.records[50]
+    assert history.ids_of(record).tolist() == list(range(50, 50 + 50 % 7 + 1))
+    with pytest.raises(ValueError):
+        history.token_ids[0] = 5  # a read-only view
+
+
+def test_context_digest_ignores_the_system_prompt_only() -> None:
+    history = TokenHistory()
+    assert history.context_digest() == ""
+    history.append("system", [1, 2, 3], text="s", turn_index=-1, seq=-1)
+    assert history.context_digest() == ""
+    history.append("user", [4, 5], text="u", turn_index=0, seq=0)
+    other = TokenHistory()
+    other.append("system", [9, 9], text="t", turn_index=-1, seq=-1)
+    other.append("user", [4, 5], text="u", turn_index=0, seq=0)
+    assert history.context_digest() == other.context_digest() != ""
+    other.append("assistant", [6], text="a", turn_index=0, seq=1)
+    assert other.context_digest() != history.context_digest()

@@ -288,7 +288,7 @@ class ChatManager:
             plan_compression, old, question, pending, state.next_turn, self.embedder, self.config.compression
         )
         summaries = await summarize_spans(plan, old, self._summarize, self._summaries)
-        new = TokenHistory(capacity=self.config.compression.max_prompt_tokens + 1024)
+        new = TokenHistory()
         added: list[MessageRecord] = []
         seq = state.next_seq
         for item in plan.layout:
@@ -387,7 +387,7 @@ class ChatManager:
             for record in new_summaries:
                 messages.add(
                     state.id, seq=record.seq, turn_index=record.turn_index, role="summary",
-                    text=record.text, token_ids=history.ids_of(record).tolist(),
+                    text=record.text, token_ids=history.ids_of(record),
                 )
             for offset, (role, (text, ids)) in enumerate((("user", question), ("assistant", answer))):
                 messages.add(state.id, seq=user_seq + offset, turn_index=state.next_turn, role=role, text=text, token_ids=ids)

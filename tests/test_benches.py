@@ -1,0 +1,23 @@
+"""Each benchmark runs at a tiny size, so it keeps working; the figures themselves live in bench/."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from support import ROOT
+
+
+def run_bench(script: str, *args: str, timeout: float = 600) -> dict[str, object]:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_history_bench() -> None:
+    figures = run_bench("history_bench.py", "--turns", "5", "--repeat", "5")
+    assert figures["speedup_vs_naive"] > 1
+    assert figures["prompt_tokens"] > 0

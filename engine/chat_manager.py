@@ -12,9 +12,11 @@ database nor a history that disagrees with it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import uuid
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -39,10 +41,15 @@ log = logging.getLogger(__name__)
 
 CacheLevel = Literal["exact", "semantic", "merged"]
 
+MAX_REMEMBERED_TRANSCRIPTS = 10_000
+
 SUMMARIZER_PROMPT = (
     "You condense conversations. Summarize the conversation below in a few sentences. "
     "Keep names, numbers, facts, decisions and open questions; drop greetings and filler."
 )
+
+
+Speaker = Literal["system", "user", "assistant"]
 
 
 class InvalidMessage(ValueError):
@@ -58,6 +65,30 @@ class Conversation:
     chat_type: str = "p2p"
     user_id: str | None = None
     thread_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Speaker
+    content: str
+
+
+@dataclass(frozen=True)
+class Transcript:
+    """A conversation as a client sends it (OpenAI semantics): a system prompt and the messages."""
+
+    system_prompt: str
+    messages: tuple[ChatMessage, ...]
+
+    def digest(self) -> str:
+        return transcript_digest(self.system_prompt, [(m.role, m.content) for m in self.messages])
+
+
+def transcript_digest(system_prompt: str, messages: list[tuple[str, str]]) -> str:
+    digest = hashlib.blake2b(system_prompt.encode(), digest_size=16)
+    for role, content in messages:
+        digest.update(f"\x00{role}\x00{content.strip()}".encode())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -94,6 +125,7 @@ class SessionState:
     next_seq: int
     next_turn: int
     compressions: int
+    transcript: list[tuple[str, str]]  # (role, text) of every user and assistant message, for API matching
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
 
@@ -151,15 +183,24 @@ class ChatManager:
         self._summaries: dict[str, str] = {}
         self._counts: Counter[str] = Counter()
         self._ttfts: deque[float] = deque(maxlen=1000)
+        # API conversations: digest of the transcript a session has reached -> its chat id.
+        self._transcripts: OrderedDict[str, str] = OrderedDict()
 
     # --- turns --------------------------------------------------------------------------------
 
     def turn(
-        self, conversation: Conversation, text: str, *, params: SamplingParams | None = None, merge: bool = True
+        self,
+        conversation: Conversation,
+        text: str,
+        *,
+        params: SamplingParams | None = None,
+        merge: bool = True,
+        seed: Transcript | None = None,
     ) -> Turn:
         """Validate now (InvalidMessage before anything is stored); the turn runs as it is iterated.
 
-        `merge=False` when the caller asked for an independent random sample."""
+        `merge=False` when the caller asked for an independent random sample. `seed`: the earlier
+        conversation a new session starts from (see `turn_for_transcript`)."""
         text = text.strip()
         if not text:
             raise InvalidMessage("The message is empty: send some text.")
@@ -172,7 +213,26 @@ class ChatManager:
         budget = self.config.compression.max_prompt_tokens
         if len(user_ids) + len(self.format.generation_prompt) > budget // 2:
             raise InvalidMessage(f"The message is too long ({len(user_ids)} tokens; at most {budget // 2}).")
-        return Turn(lambda turn: self._run(turn, conversation, text, user_ids, params, merge))
+        return Turn(lambda turn: self._run(turn, conversation, text, user_ids, params, merge, seed))
+
+    def turn_for_transcript(
+        self, transcript: Transcript, *, params: SamplingParams | None = None, merge: bool = True
+    ) -> Turn:
+        """OpenAI semantics: the whole conversation arrives with every call. The session whose
+        messages are exactly the earlier ones continues, from its stored ids, so the prefix cache
+        hits; without one, a new session starts from the transcript."""
+        messages = transcript.messages
+        if not messages or messages[-1].role != "user":
+            raise InvalidMessage("The last message must be the user's.")
+        for index, message in enumerate(messages):
+            if message.role != ("user" if index % 2 == 0 else "assistant"):
+                raise InvalidMessage("After an optional system message, messages must alternate user, assistant, user, ...")
+        earlier = Transcript(transcript.system_prompt, messages[:-1])
+        chat_id = self._transcripts.pop(earlier.digest(), None)
+        conversation = Conversation(channel="api", chat_id=chat_id or uuid.uuid4().hex)
+        return self.turn(
+            conversation, messages[-1].content, params=params, merge=merge, seed=None if chat_id else earlier
+        )
 
     async def _run(
         self,
@@ -182,12 +242,13 @@ class ChatManager:
         user_ids: list[int],
         params: SamplingParams,
         merge: bool,
+        seed: Transcript | None,
     ) -> AsyncIterator[str]:
         started = time.perf_counter()
-        state = await self._session(conversation)
+        state = await self._session(conversation, seed)
         async with state.lock:
             if state.closed:  # reset while this turn waited for the lock
-                state = await self._session(conversation)
+                state = await self._session(conversation, seed)
             history = state.history
             scope = scope_key(self.config.model_name, state.system_prompt, bytes.fromhex(history.context_digest()))
             reply = _Reply()
@@ -221,6 +282,9 @@ class ChatManager:
             history.append("assistant", reply_ids, text=reply.text, turn_index=state.next_turn, seq=user_seq + 1)
             state.next_seq = user_seq + 2
             state.next_turn += 1
+            state.transcript += [("user", text), ("assistant", reply.text)]
+            if conversation.channel == "api":
+                self._remember_transcript(state, conversation.chat_id)
             if new_summaries:
                 state.compressions += 1
 
@@ -327,16 +391,16 @@ class ChatManager:
             return f"{key}:thread:{conversation.thread_id}"
         return key
 
-    async def _session(self, conversation: Conversation) -> SessionState:
+    async def _session(self, conversation: Conversation, seed: Transcript | None = None) -> SessionState:
         key = self.session_key(conversation)
         async with self._loading:
             state = self._sessions.get(key)
             if state is None or state.closed:
-                state = await asyncio.to_thread(self._load_or_create, key, conversation)
+                state = await asyncio.to_thread(self._load_or_create, key, conversation, seed)
                 self._sessions[key] = state
             return state
 
-    def _load_or_create(self, key: str, conversation: Conversation) -> SessionState:
+    def _load_or_create(self, key: str, conversation: Conversation, seed: Transcript | None) -> SessionState:
         with self.db.session() as session:
             chat = ChatRepository(session).get_or_create(
                 conversation.chat_id, channel=conversation.channel, chat_type=conversation.chat_type
@@ -344,8 +408,15 @@ class ChatManager:
             sessions = SessionRepository(session)
             row = sessions.active(key)
             if row is None:
-                system_prompt = chat.system_prompt if chat.system_prompt is not None else self.config.system_prompt
+                if seed is not None:
+                    system_prompt = seed.system_prompt
+                elif chat.system_prompt is not None:
+                    system_prompt = chat.system_prompt
+                else:
+                    system_prompt = self.config.system_prompt
                 row = sessions.create(key, chat_id=chat.id, system_prompt=system_prompt)
+                if seed is not None:
+                    self._write_seed(MessageRepository(session), row.id, seed)
             messages = MessageRepository(session).of_session(row.id)
             history = self._new_history(row.system_prompt or "")
             if row.context_seqs is None:
@@ -364,7 +435,22 @@ class ChatManager:
                 next_seq=max((message.seq for message in messages), default=-1) + 1,
                 next_turn=max((message.turn_index for message in messages), default=-1) + 1,
                 compressions=row.compressions,
+                transcript=[(m.role, m.text) for m in messages if m.role in ("user", "assistant")],
             )
+
+    def _write_seed(self, messages: MessageRepository, session_id: int, seed: Transcript) -> None:
+        """The earlier messages of a transcript, framed as if this session had lived them."""
+        for seq, message in enumerate(seed.messages):
+            if message.role == "user":
+                ids = self.format.message(self.tokenizer, "user", message.content.strip())
+            else:
+                ids = self.format.reply(self.tokenizer.encode(message.content.strip(), add_special_tokens=False))
+            messages.add(session_id, seq=seq, turn_index=seq // 2, role=message.role, text=message.content.strip(), token_ids=ids)
+
+    def _remember_transcript(self, state: SessionState, chat_id: str) -> None:
+        self._transcripts[transcript_digest(state.system_prompt, state.transcript)] = chat_id
+        while len(self._transcripts) > MAX_REMEMBERED_TRANSCRIPTS:
+            self._transcripts.popitem(last=False)
 
     def _new_history(self, system_prompt: str) -> TokenHistory:
         history = TokenHistory()

@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import text as sql
 
 from chat_support import ManagerFactory, small_context
-from engine.chat_manager import Conversation, InvalidMessage
+from engine.chat_manager import ChatMessage, Conversation, InvalidMessage, Transcript
 from storage import Database, Message, MessageRepository, SessionRepository
 
 ALICE = Conversation(channel="web", chat_id="alice")
@@ -192,3 +192,41 @@ async def test_budget_is_honoured_on_every_turn(managers: ManagerFactory) -> Non
         result = await ask(manager, BOB, f"Message {index}: " + "lorem ipsum dolor sit amet " * 4)
         assert result.prompt_tokens <= context.max_prompt_tokens
     assert manager._sessions[manager.session_key(BOB)].compressions >= 1
+
+
+async def test_a_full_transcript_continues_its_session_from_stored_ids(managers: ManagerFactory, db: Database) -> None:
+    manager = managers()
+    system = "You answer in one sentence."
+    first = await manager.turn_for_transcript(Transcript(system, (ChatMessage("user", "What is Rust?"),))).collect()
+    follow_up = Transcript(
+        system,
+        (ChatMessage("user", "What is Rust?"), ChatMessage("assistant", first.reply), ChatMessage("user", "Is it fast?")),
+    )
+    second = await manager.turn_for_transcript(follow_up).collect()
+    assert second.session_id == first.session_id
+    assert second.cached_tokens > 0
+
+    # An edited earlier reply is another conversation: a new session, seeded from the transcript.
+    edited = Transcript(
+        system,
+        (ChatMessage("user", "What is Rust?"), ChatMessage("assistant", "A metal oxide."), ChatMessage("user", "Is it fast?")),
+    )
+    third = await manager.turn_for_transcript(edited).collect()
+    assert third.session_id != first.session_id
+    with db.session() as session:
+        texts = [m.text for m in MessageRepository(session).of_session(third.session_id)]
+    assert texts[:3] == ["What is Rust?", "A metal oxide.", "Is it fast?"]
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        (),
+        (ChatMessage("assistant", "hello"),),
+        (ChatMessage("user", "a"), ChatMessage("user", "b")),
+        (ChatMessage("user", "a"), ChatMessage("assistant", "b")),
+    ],
+)
+async def test_malformed_transcripts_are_refused(managers: ManagerFactory, messages: tuple[ChatMessage, ...]) -> None:
+    with pytest.raises(InvalidMessage):
+        managers().turn_for_transcript(Transcript("", messages))

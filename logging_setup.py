@@ -31,9 +31,10 @@ def configure_logging(settings: LoggingSettings) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(settings.level)
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+    # Libraries that bring their own handlers log through ours instead, once.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "Lark"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
-    # Their INFO lines narrate routine work (each migration step, each job run).
-    for name in ("alembic", "apscheduler"):
+    # Their INFO lines narrate routine work (each migration step, each job run, each HTTP call).
+    for name in ("alembic", "apscheduler", "httpx"):
         logging.getLogger(name).setLevel(max(root.level, logging.WARNING))

@@ -1,0 +1,166 @@
+"""Replies in Feishu: plain text for short notices, a streamed card for answers.
+
+An answer streams into a CardKit card (card JSON 2.0 in streaming mode, sent by card_id as a
+reply, its markdown element updated with a strictly increasing sequence, streaming mode closed at
+the end), at most one update per `interval_s`. When CardKit is refused (the app lacks the
+cardkit:card:write scope, or the tenant does not have CardKit) the card is sent whole and patched
+instead. An answer too long for one card continues in the next; if generation fails, the card
+says so in a footer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterable
+from typing import Any, Protocol
+
+from bot.feishu_api import FeishuApi, FeishuApiError
+
+log = logging.getLogger(__name__)
+
+ANSWER_ELEMENT = "answer"
+PLACEHOLDER = "…"
+ERROR_FOOTER = "\n\n---\n⚠️ Something went wrong while I was answering; please try again."
+# A card's JSON may be at most 30 KB; 6,000 characters of CJK text take 18 KB of it.
+CARD_TEXT_LIMIT = 6000
+SUMMARY_CHARS = 60
+
+
+class CardWriter(Protocol):
+    async def update(self, text: str) -> None: ...
+
+    async def finish(self, text: str) -> None: ...
+
+
+class Replier:
+    def __init__(self, api: FeishuApi, *, interval_s: float, card_text_limit: int = CARD_TEXT_LIMIT) -> None:
+        self._api = api
+        self._interval_s = interval_s
+        self._card_text_limit = card_text_limit
+
+    async def text(self, message_id: str, text: str, *, in_thread: bool) -> None:
+        await self._api.reply(message_id, "text", {"text": text}, uuid=_uuid(message_id, "text"), in_thread=in_thread)
+
+    async def stream(self, message_id: str, deltas: AsyncIterable[str], *, in_thread: bool) -> None:
+        """Stream the answer `deltas` make up into card(s) replying to `message_id`."""
+        part = 0
+        card = await self._open_card(message_id, part, in_thread)
+        text = ""
+        next_update = time.monotonic() + self._interval_s
+        iterator = aiter(deltas)
+        while True:
+            try:
+                text += await anext(iterator)
+            except StopAsyncIteration:
+                break
+            except Exception:
+                log.exception("feishu: generating the answer to %s failed", message_id)
+                text += ERROR_FOOTER
+                break
+            while len(text) > self._card_text_limit:
+                cut = _split_point(text, self._card_text_limit)
+                await card.finish(text[:cut])
+                text, part = text[cut:], part + 1
+                card = await self._open_card(message_id, part, in_thread)
+            if time.monotonic() >= next_update:
+                await card.update(text)
+                next_update = time.monotonic() + self._interval_s
+        await card.finish(text)
+
+    async def _open_card(self, message_id: str, part: int, in_thread: bool) -> CardWriter:
+        reply_uuid = _uuid(message_id, f"card-{part}")
+        try:
+            card_id = await self._api.create_card(_card(PLACEHOLDER, streaming=True))
+        except FeishuApiError as exc:
+            log.warning("feishu: CardKit refused (%s); patching the card instead", exc)
+            sent = await self._api.reply(message_id, "interactive", _card(PLACEHOLDER, streaming=False),
+                                         uuid=reply_uuid, in_thread=in_thread)
+            return PatchedCard(self._api, sent)
+        await self._api.reply(message_id, "interactive", {"type": "card", "data": {"card_id": card_id}},
+                              uuid=reply_uuid, in_thread=in_thread)
+        return StreamingCard(self._api, card_id)
+
+
+class StreamingCard:
+    """A CardKit card in streaming mode; Feishu types out what each update adds."""
+
+    def __init__(self, api: FeishuApi, card_id: str) -> None:
+        self._api = api
+        self._card_id = card_id
+        self._sequence = 0
+        self._shown = PLACEHOLDER
+
+    async def update(self, text: str) -> None:
+        if not text or text == self._shown:
+            return
+        sequence = self._next_sequence()
+        await self._api.set_element_content(self._card_id, ANSWER_ELEMENT, text, sequence=sequence,
+                                            uuid=_uuid(self._card_id, sequence))
+        self._shown = text
+
+    async def finish(self, text: str) -> None:
+        await self.update(text)
+        sequence = self._next_sequence()
+        settings = {"config": {"streaming_mode": False, "summary": {"content": _summary(self._shown)}}}
+        await self._api.set_card_settings(self._card_id, settings, sequence=sequence,
+                                          uuid=_uuid(self._card_id, sequence))
+
+    def _next_sequence(self) -> int:
+        self._sequence += 1
+        return self._sequence
+
+
+class PatchedCard:
+    """A card sent whole and replaced by a patch on each update."""
+
+    def __init__(self, api: FeishuApi, message_id: str) -> None:
+        self._api = api
+        self._message_id = message_id
+        self._shown = PLACEHOLDER
+
+    async def update(self, text: str) -> None:
+        if not text or text == self._shown:
+            return
+        await self._api.patch_card(self._message_id, _card(text, streaming=False))
+        self._shown = text
+
+    async def finish(self, text: str) -> None:
+        await self.update(text)
+
+
+def _card(text: str, *, streaming: bool) -> dict[str, Any]:
+    config: dict[str, Any] = {"update_multi": True, "summary": {"content": _summary(text)}}
+    if streaming:
+        config |= {
+            "streaming_mode": True,
+            "summary": {"content": "[Answering…]"},
+            "streaming_config": {"print_frequency_ms": {"default": 30}, "print_step": {"default": 2},
+                                 "print_strategy": "fast"},
+        }
+    return {
+        "schema": "2.0",
+        "config": config,
+        "body": {"elements": [{"tag": "markdown", "element_id": ANSWER_ELEMENT, "content": text}]},
+    }
+
+
+def _summary(text: str) -> str:
+    """The preview a chat list shows for the card."""
+    line = " ".join(text.split())
+    return line if len(line) <= SUMMARY_CHARS else line[: SUMMARY_CHARS - 1] + "…"
+
+
+def _split_point(text: str, limit: int) -> int:
+    """Where to end a card: at a paragraph, line or word break in the second half of `limit`."""
+    for separator in ("\n\n", "\n", " "):
+        cut = text.rfind(separator, limit // 2, limit)
+        if cut != -1:
+            return cut + len(separator)
+    return limit
+
+
+def _uuid(scope: str, item: object) -> str:
+    # Deterministic, so a retried send carries the same uuid and Feishu drops the repeat.
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"feishu:{scope}:{item}"))

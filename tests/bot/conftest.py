@@ -1,0 +1,24 @@
+"""Fixtures of the bot tests: the fake Feishu."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from fakes.feishu import FakeFeishu
+from support import free_port
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeFeishu]:
+    server = FakeFeishu(free_port()).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _switches_off(fake: FakeFeishu) -> Iterator[None]:
+    yield
+    fake.refuse_cardkit = False
+    fake.rate_limit(0)

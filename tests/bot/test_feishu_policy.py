@@ -1,0 +1,109 @@
+"""Which events the bot answers and what it reads in them, on events as the SDK decodes them."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from typing import Any
+
+import lark_oapi as lark
+import pytest
+from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
+
+from bot.commands import Command, parse_command
+from bot.policy import EventPolicy
+from fakes.events import BOT_OPEN_ID, bot_mention, mention, message_event
+from storage import Database
+
+
+@pytest.fixture
+def policy(db: Database) -> EventPolicy:
+    policy = EventPolicy(db, max_event_age=timedelta(minutes=10), dedup_ttl=timedelta(days=2), answer_at_all=False)
+    policy.bot_open_id = BOT_OPEN_ID
+    return policy
+
+
+def decoded(**fields: Any) -> P2ImMessageReceiveV1:
+    fields.setdefault("chat_id", "oc_1")
+    return lark.JSON.unmarshal(json.dumps(message_event(**fields)), P2ImMessageReceiveV1)
+
+
+def test_a_private_text_message_is_read_as_it_was_written(policy: EventPolicy) -> None:
+    message = policy.admit(decoded(text="  What is RoPE?  "))
+
+    assert message is not None
+    assert (message.text, message.chat_type, message.thread_id) == ("What is RoPE?", "p2p", None)
+
+
+def test_in_groups_the_mention_of_the_bot_goes_and_others_keep_their_names(policy: EventPolicy) -> None:
+    message = policy.admit(decoded(
+        text="@_user_1 ask @_user_2 about it", chat_type="group",
+        mentions=[bot_mention(1), mention(2, "ou_alice", "Alice")],
+    ))
+
+    assert message is not None and message.text == "ask @Alice about it"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"text": "hi all", "chat_type": "group"}, id="group without a mention"),
+        pytest.param({"text": "@_user_1 hi", "chat_type": "group", "mentions": [mention(1, "ou_alice", "Clawdbot")]},
+                     id="someone else who has the bot's name"),
+        pytest.param({"text": "@_all hi", "chat_type": "group"}, id="@all"),
+        pytest.param({"text": "hi", "sender_type": "app"}, id="another app"),
+        pytest.param({"text": "hi", "sender_open_id": BOT_OPEN_ID}, id="the bot itself"),
+        pytest.param({"text": "hi", "created_at": time.time() - 601}, id="older than max_event_age"),
+    ],
+)
+def test_the_bot_stays_silent(policy: EventPolicy, fields: dict[str, Any]) -> None:
+    assert policy.admit(decoded(**fields)) is None
+
+
+def test_at_all_is_answered_when_configured(db: Database) -> None:
+    policy = EventPolicy(db, max_event_age=timedelta(minutes=10), dedup_ttl=timedelta(days=2), answer_at_all=True)
+    policy.bot_open_id = BOT_OPEN_ID
+
+    message = policy.admit(decoded(text="@_all standup in 5", chat_type="group"))
+
+    assert message is not None and message.text == "standup in 5"
+
+
+def test_a_rich_text_post_becomes_plain_text(policy: EventPolicy) -> None:
+    post = {"title": "Question", "content": [
+        [{"tag": "at", "user_id": "@_user_1", "user_name": "Clawdbot"}, {"tag": "text", "text": " how do I "},
+         {"tag": "a", "text": "deploy", "href": "https://example.com"}, {"tag": "text", "text": "?"}],
+        [{"tag": "img", "image_key": "img_1"}, {"tag": "code_block", "language": "bash", "text": "make deploy"}],
+    ]}
+
+    message = policy.admit(decoded(message_type="post", content=post, chat_type="group", mentions=[bot_mention(1)]))
+
+    assert message is not None and message.text == "Question\n how do I deploy?\nmake deploy"
+
+
+def test_other_message_types_are_admitted_without_text(policy: EventPolicy) -> None:
+    message = policy.admit(decoded(message_type="image", content={"image_key": "img_1"}))
+
+    assert message is not None and message.text is None
+
+
+async def test_a_message_is_claimed_once(policy: EventPolicy) -> None:
+    message = policy.admit(decoded(text="hi"))
+    assert message is not None
+
+    assert await policy.first_delivery(message) is True
+    assert await policy.first_delivery(message) is False
+
+
+@pytest.mark.parametrize(
+    ("text", "command"),
+    [
+        ("/help", Command("help", "")),
+        ("/System  be brief\nand kind", Command("system", "be brief\nand kind")),
+        ("/usr/bin is gone", None),
+        ("what about /reset?", None),
+    ],
+)
+def test_commands_are_a_slash_and_a_word(text: str, command: Command | None) -> None:
+    assert parse_command(text) == command

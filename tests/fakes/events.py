@@ -1,0 +1,113 @@
+"""What Feishu sends the bot: `im.message.receive_v1` envelopes, and webhook encryption/signing."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+from Crypto.Cipher import AES
+
+BOT_OPEN_ID = "ou_bot_0001"
+USER_OPEN_ID = "ou_user_0001"
+
+_nonces = itertools.count(1)
+
+
+def new_message_id() -> str:
+    return f"om_{uuid.uuid4().hex}"
+
+
+def mention(number: int, open_id: str, name: str) -> dict[str, Any]:
+    return {"key": f"@_user_{number}", "id": {"open_id": open_id, "union_id": f"on_{open_id}", "user_id": ""},
+            "name": name, "tenant_key": "tenant"}
+
+
+def bot_mention(number: int = 1, open_id: str = BOT_OPEN_ID) -> dict[str, Any]:
+    return mention(number, open_id, "Clawdbot")
+
+
+def message_event(
+    *,
+    chat_id: str,
+    text: str | None = None,
+    content: dict[str, Any] | None = None,
+    message_type: str = "text",
+    chat_type: str = "p2p",
+    sender_open_id: str = USER_OPEN_ID,
+    sender_type: str = "user",
+    mentions: list[dict[str, Any]] | None = None,
+    message_id: str | None = None,
+    thread_id: str | None = None,
+    created_at: float | None = None,
+    app_id: str = "cli_test",
+    token: str = "",
+) -> dict[str, Any]:
+    """An `im.message.receive_v1` event (schema 2.0) as Feishu delivers it."""
+    if content is None:
+        content = {"text": text or ""}
+    create_ms = str(int((created_at if created_at is not None else time.time()) * 1000))
+    message: dict[str, Any] = {
+        "message_id": message_id or new_message_id(),
+        "create_time": create_ms,
+        "update_time": create_ms,
+        "chat_id": chat_id,
+        "chat_type": chat_type,
+        "message_type": message_type,
+        "content": json.dumps(content, ensure_ascii=False),
+        "mentions": mentions or [],
+        "user_agent": "fake-feishu",
+    }
+    if thread_id is not None:
+        message["thread_id"] = thread_id
+    return {
+        "schema": "2.0",
+        "header": {
+            "event_id": uuid.uuid4().hex,
+            "event_type": "im.message.receive_v1",
+            "create_time": create_ms,
+            "token": token,
+            "app_id": app_id,
+            "tenant_key": "tenant",
+        },
+        "event": {
+            "sender": {
+                "sender_id": {"open_id": sender_open_id, "union_id": f"on_{sender_open_id}", "user_id": ""},
+                "sender_type": sender_type,
+                "tenant_key": "tenant",
+            },
+            "message": message,
+        },
+    }
+
+
+def url_verification(token: str, challenge: str = "challenge-1234") -> dict[str, Any]:
+    return {"challenge": challenge, "token": token, "type": "url_verification"}
+
+
+def encrypt(payload: dict[str, Any], encrypt_key: str) -> bytes:
+    """The webhook body Feishu sends when an Encrypt Key is set: AES-256-CBC, key = sha256(encrypt_key)."""
+    plain = json.dumps(payload, ensure_ascii=False).encode()
+    pad = AES.block_size - len(plain) % AES.block_size
+    iv = os.urandom(AES.block_size)
+    cipher = AES.new(hashlib.sha256(encrypt_key.encode()).digest(), AES.MODE_CBC, iv)
+    sealed = base64.b64encode(iv + cipher.encrypt(plain + bytes([pad]) * pad)).decode()
+    return json.dumps({"encrypt": sealed}).encode()
+
+
+def signature_headers(body: bytes, encrypt_key: str, *, timestamp: int | None = None) -> dict[str, str]:
+    """X-Lark-* headers: sha256(timestamp + nonce + encrypt_key + body)."""
+    stamp = str(int(time.time()) if timestamp is None else timestamp)
+    nonce = f"nonce-{next(_nonces)}"
+    signature = hashlib.sha256((stamp + nonce + encrypt_key).encode() + body).hexdigest()
+    return {
+        "X-Lark-Request-Timestamp": stamp,
+        "X-Lark-Request-Nonce": nonce,
+        "X-Lark-Signature": signature,
+        "Content-Type": "application/json",
+    }

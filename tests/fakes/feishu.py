@@ -1,0 +1,384 @@
+"""A fake Feishu Open Platform on 127.0.0.1, for running the real lark-oapi SDK against.
+
+It serves, over real HTTP and WebSocket, what the bot uses: the tenant token, bot info, message
+create / reply / patch, CardKit card create / update / element content / settings, and the long
+connection (endpoint discovery plus protobuf frames from `lark_oapi.ws.pb`). It delivers events
+the way Feishu does (a data frame on the long connection, or a signed POST to a webhook) and
+records everything the bot sends: `calls` in order, `messages` by id, `cards` by card id.
+
+Switches: `rate_limit(n)` answers the next n OpenAPI calls with HTTP 429 / code 99991400;
+`refuse_cardkit` answers CardKit calls with a permission error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
+from lark_oapi.ws.pb.pbbp2_pb2 import Frame
+
+from fakes.events import BOT_OPEN_ID, encrypt, signature_headers
+
+RATE_LIMIT_CODE = 99991400
+CARDKIT_DENIED_CODE = 99991672
+SEQUENCE_CODE = 300317
+FRAME_CONTROL, FRAME_DATA = 0, 1
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    body: dict[str, Any] | None
+
+
+@dataclass
+class SentMessage:
+    message_id: str
+    chat_id: str
+    msg_type: str
+    content: dict[str, Any]
+    uuid: str | None
+    reply_to: str | None = None
+    reply_in_thread: bool = False
+    patches: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class CardEntity:
+    card_id: str
+    card: dict[str, Any]
+    sequences: list[int] = field(default_factory=list)
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.card.get("config", {}).get("streaming_mode"))
+
+    def element(self, element_id: str) -> dict[str, Any] | None:
+        return next((e for e in _elements(self.card) if e.get("element_id") == element_id), None)
+
+
+@dataclass
+class _Connection:
+    socket: WebSocket
+    service_id: int
+
+
+class _Refusal(Exception):
+    def __init__(self, status: int, code: int, msg: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(msg)
+        self.status, self.code, self.msg, self.headers = status, code, msg, headers or {}
+
+
+class FakeFeishu:
+    def __init__(self, port: int, *, bot_open_id: str = BOT_OPEN_ID, reconnect_interval_s: int = 1) -> None:
+        self.port = port
+        self.domain = f"http://127.0.0.1:{port}"
+        self.bot_open_id = bot_open_id
+        self.reconnect_interval_s = reconnect_interval_s
+        self.calls: list[Call] = []
+        self.messages: dict[str, SentMessage] = {}
+        self.cards: dict[str, CardEntity] = {}
+        self.refuse_cardkit = False
+        self.rate_limited = 0
+        self.connections_opened = 0
+        self._rate_limit_left = 0
+        self._rate_limit_reset_s = 1
+        self._inbound_chats: dict[str, str] = {}
+        self._tokens: set[str] = set()
+        self._uuids: dict[str, str] = {}
+        self._ids = itertools.count(1)
+        self._connections: list[_Connection] = []
+        self._acks: dict[str, asyncio.Future[int]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server = uvicorn.Server(
+            uvicorn.Config(self._build_app(), host="127.0.0.1", port=port, log_level="warning",
+                           timeout_graceful_shutdown=1)
+        )
+        self._thread = threading.Thread(target=self._server.run, name="fake-feishu", daemon=True)
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> FakeFeishu:
+        self._thread.start()
+        wait_for(lambda: self._server.started, what="the fake Feishu to listen")
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+
+    # --- switches --------------------------------------------------------------------------------
+
+    def rate_limit(self, times: int, reset_s: int = 1) -> None:
+        """Answer the next `times` OpenAPI calls with HTTP 429, code 99991400, x-ogw-ratelimit-reset."""
+        self._rate_limit_left, self._rate_limit_reset_s = times, reset_s
+
+    # --- delivering events -----------------------------------------------------------------------
+
+    def push(self, event: dict[str, Any], timeout_s: float = 10.0) -> int:
+        """Deliver `event` on the long connection; returns the status code of the client's ack."""
+        self._note_inbound(event)
+        assert self._loop is not None, "fake Feishu is not running"
+        return asyncio.run_coroutine_threadsafe(self._push(event, timeout_s), self._loop).result(timeout_s + 1)
+
+    def post_event(
+        self, url: str, event: dict[str, Any], *, encrypt_key: str, timestamp: int | None = None,
+        signature: str | None = None,
+    ) -> httpx.Response:
+        """Deliver `event` to a webhook the way Feishu does: encrypted and signed."""
+        self._note_inbound(event)
+        body = encrypt(event, encrypt_key)
+        headers = signature_headers(body, encrypt_key, timestamp=timestamp)
+        if signature is not None:
+            headers["X-Lark-Signature"] = signature
+        return httpx.post(url, content=body, headers=headers, timeout=10)
+
+    def drop_connections(self) -> None:
+        """Close every long connection from the server side, as a network loss would."""
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._close_connections(), self._loop).result(5)
+
+    # --- inspecting what the bot sent ------------------------------------------------------------
+
+    @property
+    def connected(self) -> int:
+        return len(self._connections)
+
+    def replies_to(self, message_id: str) -> list[SentMessage]:
+        return [m for m in list(self.messages.values()) if m.reply_to == message_id]
+
+    def text_of(self, message: SentMessage) -> str:
+        """What the user sees in `message` now: its text, or the text of its (patched or CardKit) card."""
+        if message.msg_type == "text":
+            return message.content["text"]
+        card = message.patches[-1] if message.patches else message.content
+        if card.get("type") == "card":
+            card = self.cards[card["data"]["card_id"]].card
+        return "".join(e.get("content", "") for e in _elements(card) if e.get("tag") in ("markdown", "plain_text"))
+
+    def card_of(self, message: SentMessage) -> CardEntity:
+        return self.cards[message.content["data"]["card_id"]]
+
+    def calls_to(self, fragment: str) -> list[Call]:
+        return [c for c in list(self.calls) if fragment in c.path]
+
+    # --- the server ------------------------------------------------------------------------------
+
+    def _build_app(self) -> FastAPI:
+        @asynccontextmanager
+        async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+            self._loop = asyncio.get_running_loop()
+            yield
+
+        app = FastAPI(lifespan=lifespan)
+
+        @app.exception_handler(_Refusal)
+        async def _refused(_: Request, refusal: _Refusal) -> JSONResponse:
+            return JSONResponse({"code": refusal.code, "msg": refusal.msg}, refusal.status, headers=refusal.headers)
+
+        @app.post("/open-apis/auth/v3/tenant_access_token/internal")
+        async def tenant_token(request: Request) -> dict[str, Any]:
+            body = await request.json()
+            token = f"t-{body['app_id']}-{next(self._ids)}"
+            self._tokens.add(token)
+            return {"code": 0, "msg": "ok", "tenant_access_token": token, "expire": 7200}
+
+        @app.get("/open-apis/bot/v3/info")
+        async def bot_info(request: Request) -> dict[str, Any]:
+            await self._admit(request)
+            return {"code": 0, "msg": "ok", "bot": {
+                "activate_status": 2, "app_name": "Clawdbot", "avatar_url": "", "ip_white_list": [],
+                "open_id": self.bot_open_id,
+            }}
+
+        @app.post("/open-apis/im/v1/messages")
+        async def create_message(request: Request) -> dict[str, Any]:
+            body = await self._admit(request)
+            return self._send(body, chat_id=body["receive_id"])
+
+        @app.post("/open-apis/im/v1/messages/{message_id}/reply")
+        async def reply_message(message_id: str, request: Request) -> dict[str, Any]:
+            body = await self._admit(request)
+            return self._send(body, chat_id=self._inbound_chats.get(message_id, ""), reply_to=message_id)
+
+        @app.patch("/open-apis/im/v1/messages/{message_id}")
+        async def patch_message(message_id: str, request: Request) -> dict[str, Any]:
+            body = await self._admit(request)
+            message = self._message(message_id)
+            if message.msg_type != "interactive" or message.content.get("type") == "card":
+                raise _Refusal(400, 230001, "only a message with a card JSON can be patched")
+            message.patches.append(json.loads(body["content"]))
+            return {"code": 0, "msg": "success", "data": {}}
+
+        @app.post("/open-apis/cardkit/v1/cards")
+        async def create_card(request: Request) -> dict[str, Any]:
+            body = await self._admit(request, cardkit=True)
+            card_id = str(7_000_000_000 + next(self._ids))
+            self.cards[card_id] = CardEntity(card_id, json.loads(body["data"]))
+            return {"code": 0, "msg": "success", "data": {"card_id": card_id}}
+
+        @app.put("/open-apis/cardkit/v1/cards/{card_id}/elements/{element_id}/content")
+        async def element_content(card_id: str, element_id: str, request: Request) -> dict[str, Any]:
+            body = await self._admit(request, cardkit=True)
+            card = self._sequenced(card_id, body)
+            element = card.element(element_id)
+            if element is None:
+                raise _Refusal(400, 300301, f"element {element_id} not found")
+            if not card.streaming:
+                raise _Refusal(400, 200850, "card is not in streaming mode")
+            element["content"] = body["content"]
+            return {"code": 0, "msg": "success", "data": {}}
+
+        @app.patch("/open-apis/cardkit/v1/cards/{card_id}/settings")
+        async def card_settings(card_id: str, request: Request) -> dict[str, Any]:
+            body = await self._admit(request, cardkit=True)
+            card = self._sequenced(card_id, body)
+            settings = json.loads(body["settings"])
+            card.card.setdefault("config", {}).update(settings.get("config", {}))
+            return {"code": 0, "msg": "success", "data": {}}
+
+        @app.post("/callback/ws/endpoint")
+        async def ws_endpoint(request: Request) -> dict[str, Any]:
+            body = await request.json()
+            if not body.get("AppID") or not body.get("AppSecret"):
+                return {"code": 1000040344, "msg": "app_id and app_secret are required"}
+            device = next(self._ids)
+            return {"code": 0, "msg": "ok", "data": {
+                "URL": f"ws://127.0.0.1:{self.port}/ws?device_id={device}&service_id={device}",
+                "ClientConfig": {"ReconnectCount": -1, "ReconnectInterval": self.reconnect_interval_s,
+                                 "ReconnectNonce": 0, "PingInterval": 120},
+            }}
+
+        @app.websocket("/ws")
+        async def long_connection(socket: WebSocket) -> None:
+            await socket.accept()
+            connection = _Connection(socket, int(socket.query_params["service_id"]))
+            self._connections.append(connection)
+            self.connections_opened += 1
+            try:
+                while True:
+                    await self._on_frame(connection, await socket.receive_bytes())
+            except WebSocketDisconnect:
+                pass
+            finally:
+                self._connections.remove(connection)
+
+        return app
+
+    async def _admit(self, request: Request, *, cardkit: bool = False) -> dict[str, Any]:
+        """Authenticate, apply the switches, record the call; returns the JSON body."""
+        body = await request.json() if await request.body() else None
+        self.calls.append(Call(request.method, request.url.path, body))
+        token = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if token not in self._tokens:
+            raise _Refusal(400, 99991663, "Invalid access token for authorization")
+        if self._rate_limit_left > 0:
+            self._rate_limit_left -= 1
+            self.rate_limited += 1
+            raise _Refusal(429, RATE_LIMIT_CODE, "request trigger frequency limit",
+                           {"x-ogw-ratelimit-limit": "50", "x-ogw-ratelimit-reset": str(self._rate_limit_reset_s)})
+        if cardkit and self.refuse_cardkit:
+            raise _Refusal(400, CARDKIT_DENIED_CODE, "app has no permission cardkit:card:write")
+        return body or {}
+
+    def _send(self, body: dict[str, Any], *, chat_id: str, reply_to: str | None = None) -> dict[str, Any]:
+        # Feishu answers a repeated uuid (within an hour) with the message it already sent.
+        known = self._uuids.get(body.get("uuid") or "")
+        if known is None:
+            content = json.loads(body["content"])
+            if body["msg_type"] == "interactive" and content.get("type") == "card":
+                if content["data"]["card_id"] not in self.cards:
+                    raise _Refusal(400, 230099, "card_id not found")
+            message = SentMessage(
+                message_id=f"om_sent_{next(self._ids)}", chat_id=chat_id, msg_type=body["msg_type"],
+                content=content, uuid=body.get("uuid"), reply_to=reply_to,
+                reply_in_thread=bool(body.get("reply_in_thread")),
+            )
+            self.messages[message.message_id] = message
+            if message.uuid:
+                self._uuids[message.uuid] = message.message_id
+            known = message.message_id
+        message = self.messages[known]
+        return {"code": 0, "msg": "success", "data": {
+            "message_id": message.message_id, "chat_id": message.chat_id, "msg_type": message.msg_type,
+            "create_time": str(int(time.time() * 1000)),
+        }}
+
+    def _message(self, message_id: str) -> SentMessage:
+        if message_id not in self.messages:
+            raise _Refusal(400, 230011, "message not found")
+        return self.messages[message_id]
+
+    def _sequenced(self, card_id: str, body: dict[str, Any]) -> CardEntity:
+        card = self.cards.get(card_id)
+        if card is None:
+            raise _Refusal(400, 300300, "card not found")
+        if card.sequences and body["sequence"] <= card.sequences[-1]:
+            raise _Refusal(400, SEQUENCE_CODE, "sequence number compare failed")
+        card.sequences.append(body["sequence"])
+        return card
+
+    def _note_inbound(self, event: dict[str, Any]) -> None:
+        message = event.get("event", {}).get("message")
+        if message:
+            self._inbound_chats[message["message_id"]] = message["chat_id"]
+
+    # --- long connection frames ------------------------------------------------------------------
+
+    async def _push(self, event: dict[str, Any], timeout_s: float) -> int:
+        if not self._connections:
+            raise ConnectionError("no long connection is open")
+        connection = self._connections[-1]
+        frame_id = f"frame-{next(self._ids)}"
+        frame = Frame(SeqID=next(self._ids), LogID=0, service=connection.service_id, method=FRAME_DATA,
+                      payload=json.dumps(event).encode())
+        for key, value in (("type", "event"), ("message_id", frame_id), ("trace_id", frame_id),
+                           ("sum", "1"), ("seq", "0")):
+            frame.headers.add(key=key, value=value)
+        ack = self._acks[frame_id] = asyncio.get_running_loop().create_future()
+        try:
+            await connection.socket.send_bytes(frame.SerializeToString())
+            return await asyncio.wait_for(ack, timeout_s)
+        finally:
+            del self._acks[frame_id]
+
+    async def _on_frame(self, connection: _Connection, data: bytes) -> None:
+        frame = Frame()
+        frame.ParseFromString(data)
+        headers = {h.key: h.value for h in frame.headers}
+        if frame.method == FRAME_CONTROL and headers.get("type") == "ping":
+            pong = Frame(SeqID=0, LogID=0, service=connection.service_id, method=FRAME_CONTROL)
+            pong.headers.add(key="type", value="pong")
+            await connection.socket.send_bytes(pong.SerializeToString())
+        elif frame.method == FRAME_DATA and (ack := self._acks.get(headers.get("message_id", ""))):
+            ack.set_result(json.loads(frame.payload)["code"])
+
+    async def _close_connections(self) -> None:
+        for connection in list(self._connections):
+            await connection.socket.close()
+
+
+def _elements(card: dict[str, Any]) -> list[dict[str, Any]]:
+    return card.get("body", {}).get("elements", []) or card.get("elements", [])
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float = 15.0, what: str = "a condition") -> Any:
+    """Poll `predicate` until it returns something truthy, and return that."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if result := predicate():
+            return result
+        time.sleep(0.02)
+    raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")

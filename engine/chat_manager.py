@@ -43,6 +43,11 @@ CacheLevel = Literal["exact", "semantic", "merged"]
 
 MAX_REMEMBERED_TRANSCRIPTS = 10_000
 
+JUDGE_PROMPT = (
+    "You decide whether two questions ask for the same answer. They do not if they differ in a "
+    "place, a person, a number, a date, a negation or a direction. Reply with yes or no only."
+)
+
 SUMMARIZER_PROMPT = (
     "You condense conversations. Summarize the conversation below in a few sentences. "
     "Keep names, numbers, facts, decisions and open questions; drop greetings and filler."
@@ -368,6 +373,18 @@ class ChatManager:
             state.id, old.num_tokens, new.num_tokens, len(added),
         )
         return new, added
+
+    async def same_question(self, first: str, second: str) -> bool:
+        """The model's yes/no on whether two questions share an answer: the response cache's last
+        check of a semantic candidate (wired by the app when a real model is loaded)."""
+        prompt = [
+            *self.format.message(self.tokenizer, "system", JUDGE_PROMPT),
+            *self.format.message(self.tokenizer, "user", f"Question A: {first}\nQuestion B: {second}\nSame answer?"),
+            *self.format.generation_prompt,
+        ]
+        params = SamplingParams(temperature=0.0, max_tokens=3)
+        answer = "".join([delta.text async for delta in self.engine.stream(prompt, params)])
+        return answer.strip().lower().startswith("yes")
 
     async def _summarize(self, transcript: str) -> str:
         limit = self.engine.max_model_len - self.config.compression.summary_max_tokens - 64

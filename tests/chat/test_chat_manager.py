@@ -230,3 +230,17 @@ async def test_a_full_transcript_continues_its_session_from_stored_ids(managers:
 async def test_malformed_transcripts_are_refused(managers: ManagerFactory, messages: tuple[ChatMessage, ...]) -> None:
     with pytest.raises(InvalidMessage):
         managers().turn_for_transcript(Transcript("", messages))
+
+
+async def test_cache_hits_across_chats_and_the_model_judges_semantic_candidates(managers: ManagerFactory) -> None:
+    manager = managers(cache=True)
+    await ask(manager, ALICE, "How do I reset my password?")
+    exact = await ask(manager, BOB, "how do I reset my password")
+    assert exact.cache_level == "exact"
+    assert manager.stats()["turns"]["exact"] == 1
+
+    # The demo model never answers "yes", so with it as the judge no semantic candidate passes.
+    manager.cache.judge = manager.same_question
+    judged = await ask(manager, Conversation(channel="web", chat_id="carol"), "How can I reset my password?")
+    assert judged.cache_level is None
+    assert manager.cache.stats()["rejected_judge"] == 1

@@ -148,10 +148,12 @@ class _Reply:
 
 
 class Turn:
-    """An async iterator of the reply's visible text increments; `result` is set at the end."""
+    """An async iterator of the reply's visible text increments; `result` is set at the end.
+    `cache_level` is known before the first increment (for headers sent ahead of the text)."""
 
     def __init__(self, run: Callable[[Turn], AsyncIterator[str]]) -> None:
         self.result: TurnResult | None = None
+        self.cache_level: CacheLevel | None = None
         self._deltas = run(self)
 
     def __aiter__(self) -> AsyncIterator[str]:
@@ -262,7 +264,7 @@ class ChatManager:
 
             hit = await self.cache.lookup(scope, text)
             if hit is not None:
-                level = hit.level
+                level = turn.cache_level = hit.level
                 reply.text = hit.answer
                 reply.generated_ids = self.tokenizer.encode(hit.answer, add_special_tokens=False)
                 reply.first_text_at = time.perf_counter()
@@ -273,7 +275,7 @@ class ChatManager:
                     history, new_summaries = await self._compress(state, text, pending)
                 prompt_ids = history.prompt(user_ids, self.format.generation_prompt)
                 deltas, merged = self._generate(scope, text, prompt_ids, params, merge)
-                level = "merged" if merged else None
+                level = turn.cache_level = "merged" if merged else None
                 async for visible in self._visible(deltas, reply):
                     yield visible
 

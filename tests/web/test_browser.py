@@ -1,0 +1,124 @@
+"""The chat page and the console in Debian's Chromium, driven by Playwright. Screenshots of each
+console page go to test-artifacts/ (git-ignored)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app_process import AppProcess
+from support import ROOT
+from web_support import running_app
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+pytestmark = pytest.mark.browser
+
+ADMIN_TOKEN = "console-test-token"
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppProcess]:
+    overrides = {"admin": {"token": ADMIN_TOKEN, "sample_interval_s": 1}}
+    with running_app(tmp_path_factory, overrides) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[playwright_api.Browser]:
+    if not CHROMIUM.exists():
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    with playwright_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: playwright_api.Browser) -> Iterator[playwright_api.Page]:
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    yield context.new_page()
+    context.close()
+
+
+def log_in(page: playwright_api.Page, base_url: str, token: str) -> None:
+    page.goto(f"{base_url}/admin")
+    page.fill("#token", token)
+    page.click("button[type=submit]")
+
+
+def figure(page: playwright_api.Page, label: str) -> int:
+    return int(page.locator(f'.figure[data-figure="{label}"] .value').inner_text().replace(",", ""))
+
+
+def test_wrong_token_is_refused(app: AppProcess, page: playwright_api.Page) -> None:
+    log_in(page, app.base_url, "not-the-token")
+    playwright_api.expect(page.get_by_role("alert")).to_have_text("Wrong token.")
+    assert page.url.endswith("/admin/login")
+    page.goto(f"{app.base_url}/admin")
+    assert page.url.endswith("/admin/login")  # no session was granted
+    assert page.request.get(f"{app.base_url}/admin/api/stats").status == 401
+
+
+def test_chat_twice_then_console_shows_the_hit(app: AppProcess, browser: playwright_api.Browser) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    console, chat = context.new_page(), context.new_page()
+    log_in(console, app.base_url, ADMIN_TOKEN)
+    console.goto(f"{app.base_url}/admin#cache")
+    playwright_api.expect(console.locator('.figure[data-figure="Exact hits"]')).to_be_visible()
+    hits_before = figure(console, "Exact hits")
+
+    chat.goto(app.base_url)
+    # A repeat within one conversation has another context, so it is generated again; the same
+    # first question in a new session is the cache's to answer.
+    question = "What is the capital of France?"
+    for expected_level in ("miss", "exact"):
+        chat.click("#new-session")
+        playwright_api.expect(chat.locator(".msg")).to_have_count(0)
+        chat.fill("#text", question)
+        chat.press("#text", "Enter")
+        playwright_api.expect(chat.locator(".msg.assistant .badge").first).to_have_text(f"cache: {expected_level}")
+    chat.fill("#text", "And its population?")
+    chat.press("#text", "Enter")
+    playwright_api.expect(chat.locator(".msg.assistant .badge").filter(has_text="cache:")).to_have_count(2)
+    chat.screenshot(path=ARTIFACTS / "chat.png")
+
+    chat.reload()  # the session is kept across reloads
+    playwright_api.expect(chat.locator(".msg.user")).to_have_count(2)
+
+    playwright_api.expect(console.locator('.figure[data-figure="Exact hits"] .value')).to_have_text(
+        str(hits_before + 1), timeout=10_000
+    )
+    playwright_api.expect(console.locator("#top-entries tbody tr").first).to_contain_text(question)
+    playwright_api.expect(console.locator("#chart-hits polyline").first).to_be_visible(timeout=10_000)
+    console.screenshot(path=ARTIFACTS / "console-cache.png", full_page=True)
+
+    console.goto(f"{app.base_url}/admin#overview")
+    playwright_api.expect(console.locator("#chart-requests polyline")).to_be_visible(timeout=10_000)
+    console.screenshot(path=ARTIFACTS / "console-overview.png", full_page=True)
+
+    console.goto(f"{app.base_url}/admin#sessions")
+    console.locator("#session-list tbody tr").filter(has_text="web:").first.click()
+    playwright_api.expect(console.locator("#session-detail .turn")).to_have_count(4)
+    console.screenshot(path=ARTIFACTS / "console-sessions.png", full_page=True)
+
+    console.goto(f"{app.base_url}/admin#config")
+    playwright_api.expect(console.locator("#config-body")).to_contain_text("max_queued_requests")
+    assert ADMIN_TOKEN not in console.content()
+    console.screenshot(path=ARTIFACTS / "console-config.png", full_page=True)
+
+    chat.click("#new-session")
+    playwright_api.expect(chat.locator(".msg")).to_have_count(0)
+    chat.reload()
+    playwright_api.expect(chat.locator("#text")).to_be_visible()
+    assert chat.locator(".msg").count() == 0
+    context.close()

@@ -1,0 +1,217 @@
+"""OpenAI-compatible API: POST /v1/chat/completions (JSON or SSE) and GET /v1/models.
+
+Served by the same ChatManager as Feishu: a conversation sent in full with every call continues
+the session whose stored token ids it matches, so earlier turns come from the prefix cache.
+Every completion carries `X-Cache-Status: miss | exact | semantic | merged` and OpenAI `usage`."""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi.responses import StreamingResponse
+
+from engine.chat_manager import ChatMessage, InvalidMessage, Transcript, Turn, TurnResult
+from engine.llm import SamplingParams
+from settings import LimitsSettings
+from web.admission import admit
+from web.deps import ChatManagerDep, RateLimiterDep, SettingsDep, TelemetryDep
+from web.errors import WebError, WebErrorRoute
+from web.telemetry import Telemetry
+from web.openai_schemas import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChunkChoice,
+    Delta,
+    ErrorBody,
+    FinishReason,
+    Model,
+    ModelList,
+    PromptTokensDetails,
+    RequestMessage,
+    Usage,
+)
+
+SYSTEM_ROLES = ("system", "developer")
+
+
+def require_api_key(settings: SettingsDep, authorization: Annotated[str | None, Header()] = None) -> None:
+    key = settings.api.key
+    if not key:
+        return
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), key.encode()):
+        raise WebError(
+            401, "Missing or incorrect API key: send the header 'Authorization: Bearer KEY'.", code="invalid_api_key"
+        )
+
+
+router = APIRouter(
+    prefix="/v1",
+    tags=["openai"],
+    route_class=WebErrorRoute,
+    dependencies=[Depends(require_api_key)],
+    responses={status: {"model": ErrorBody} for status in (400, 401, 404, 413, 429, 503)},
+)
+
+
+@router.get("/models")
+async def list_models(chat_manager: ChatManagerDep) -> ModelList:
+    return ModelList(data=[Model(id=chat_manager.config.model_name, created=0)])
+
+
+@router.post("/chat/completions", response_model=ChatCompletion, dependencies=[Depends(admit)])
+async def create_chat_completion(
+    body: ChatCompletionRequest,
+    request: Request,
+    response: Response,
+    chat_manager: ChatManagerDep,
+    settings: SettingsDep,
+    rate_limiter: RateLimiterDep,
+    telemetry: TelemetryDep,
+) -> ChatCompletion | StreamingResponse:
+    rate_limiter.check(body.user or (request.client.host if request.client else "unknown"))
+    model = chat_manager.config.model_name
+    if body.model != model:
+        raise WebError(404, f"The model '{body.model}' does not exist; this server serves '{model}'.",
+                       param="model", code="model_not_found")
+    transcript = _transcript(body.messages, settings.limits, chat_manager.config.system_prompt)
+    params = _sampling(body, chat_manager.config.sampling)
+    # Independent random samples must not share one generation.
+    merge = not (body.temperature and body.seed is None)
+    try:
+        turn = chat_manager.turn_for_transcript(transcript, params=params, merge=merge)
+    except InvalidMessage as exc:
+        raise WebError(400, str(exc), param="messages") from None
+    completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model)
+
+    if body.stream:
+        deltas = aiter(turn)
+        try:
+            first = await anext(deltas, None)  # so that a failure before any text is an HTTP error
+        except (ValueError, RuntimeError) as exc:
+            raise _turn_failed(exc) from exc
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(
+            completion.events(turn, deltas, first, include_usage, telemetry),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Cache-Status": turn.cache_level or "miss"},
+        )
+
+    try:
+        result = await turn.collect()
+    except (ValueError, RuntimeError) as exc:
+        raise _turn_failed(exc) from exc
+    telemetry.observe_turn("api", result)
+    response.headers["X-Cache-Status"] = result.cache_level or "miss"
+    return ChatCompletion(
+        id=completion.id,
+        created=completion.created,
+        model=model,
+        choices=[Choice(message=AssistantMessage(content=result.reply), finish_reason=_finish_reason(result))],
+        usage=_usage(result),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Completion:
+    id: str
+    created: int
+    model: str
+
+    def chunk(self, choices: list[ChunkChoice], usage: Usage | None, include_usage: bool) -> str:
+        chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
+        return f"data: {chunk.model_dump_json(exclude=None if include_usage else {'usage'})}\n\n"
+
+    async def events(
+        self, turn: Turn, deltas: AsyncIterator[str], first: str | None, include_usage: bool, telemetry: Telemetry
+    ) -> AsyncIterator[str]:
+        """OpenAI's SSE: the role, the text increments, the finish reason, usage if asked, [DONE]."""
+        yield self.chunk([ChunkChoice(delta=Delta(role="assistant", content=""))], None, include_usage)
+        async with aclosing(deltas):
+            try:
+                if first is not None:
+                    yield self.chunk([ChunkChoice(delta=Delta(content=first))], None, include_usage)
+                    async for text in deltas:
+                        yield self.chunk([ChunkChoice(delta=Delta(content=text))], None, include_usage)
+                assert turn.result is not None
+                finish_reason = _finish_reason(turn.result)
+            except (ValueError, RuntimeError) as exc:
+                yield f"data: {_turn_failed(exc).body().model_dump_json()}\n\n"
+                return
+        telemetry.observe_turn("api", turn.result)
+        yield self.chunk([ChunkChoice(delta=Delta(), finish_reason=finish_reason)], None, include_usage)
+        if include_usage:
+            yield self.chunk([], _usage(turn.result), include_usage)
+        yield "data: [DONE]\n\n"
+
+
+def _transcript(messages: Sequence[RequestMessage], limits: LimitsSettings, default_system_prompt: str) -> Transcript:
+    """Leading system (or developer) messages make the system prompt; without one, the bot's own
+    applies, so API turns share cache scope with the chat page and Feishu."""
+    if len(messages) > limits.max_messages:
+        raise WebError(400, f"Too many messages ({len(messages)}; at most {limits.max_messages}).",
+                       param="messages", code="too_many_messages")
+    for index, message in enumerate(messages):
+        if len(message.text) > limits.max_message_chars:
+            raise WebError(
+                400, f"Message {index} is too long ({len(message.text)} characters; at most {limits.max_message_chars}).",
+                param=f"messages[{index}].content", code="message_too_long",
+            )
+    leading = 0
+    while leading < len(messages) and messages[leading].role in SYSTEM_ROLES:
+        leading += 1
+    conversation = messages[leading:]
+    for index, message in enumerate(conversation, start=leading):
+        if message.role in SYSTEM_ROLES:
+            raise WebError(400, "System messages must come before the conversation.", param=f"messages[{index}].role")
+    system_prompt = "\n\n".join(m.text for m in messages[:leading]) if leading else default_system_prompt
+    return Transcript(system_prompt, tuple(ChatMessage(m.role, m.text) for m in conversation))  # type: ignore[arg-type]
+
+
+def _sampling(body: ChatCompletionRequest, defaults: SamplingParams) -> SamplingParams:
+    requested = {
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "max_tokens": body.max_completion_tokens or body.max_tokens,
+        "seed": body.seed,
+        "stop": body.stop,
+    }
+    try:
+        return dataclasses.replace(defaults, **{key: value for key, value in requested.items() if value is not None})
+    except ValueError as exc:
+        raise WebError(400, f"Invalid sampling parameters: {exc}.") from None
+
+
+def _finish_reason(result: TurnResult) -> FinishReason:
+    if result.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"the engine ended the reply early ({result.finish_reason})")
+    return result.finish_reason  # type: ignore[return-value]
+
+
+def _turn_failed(exc: ValueError | RuntimeError) -> WebError:
+    """ValueError: the engine refused the prompt (too long for the model); RuntimeError: it stopped
+    or failed while generating."""
+    if isinstance(exc, ValueError):
+        return WebError(400, f"The conversation does not fit the model: {exc}.", param="messages",
+                        code="context_length_exceeded")
+    return WebError(503, f"The engine could not finish this reply: {exc}.", type="server_error", code="engine_error",
+                    headers={"Retry-After": "10"})
+
+
+def _usage(result: TurnResult) -> Usage:
+    return Usage(
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        total_tokens=result.prompt_tokens + result.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=result.cached_tokens),
+    )

@@ -1,0 +1,207 @@
+// The console: tabs by URL hash, figures polled every few seconds from /admin/api.
+"use strict";
+
+const REFRESH_MS = 2000;
+const COLORS = { accent: "#2f6fed", ok: "#1f9d60", warn: "#c77c02", bad: "#d23f3f", violet: "#7a4fd6" };
+const PAGES = ["overview", "cache", "sessions", "config"];
+let openSession = null;
+
+const $ = (selector) => document.querySelector(selector);
+
+async function api(path, options = {}) {
+  const response = await fetch(`/admin/api${path}`, options);
+  if (response.status === 401) {
+    location.href = "/admin/login";
+    throw new Error("logged out");
+  }
+  if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
+  return response.status === 204 ? null : response.json();
+}
+
+const number = (v, digits = 0) => (v ?? 0).toLocaleString(undefined, { maximumFractionDigits: digits, minimumFractionDigits: digits });
+const percent = (v) => `${number((v ?? 0) * 100, 1)} %`;
+const ms = (v) => `${number(v, v < 10 ? 1 : 0)} ms`;
+const when = (iso) => new Date(iso).toLocaleString();
+
+function cell(text, className = "") {
+  const td = document.createElement("td");
+  td.textContent = text;
+  if (className) td.className = className;
+  td.title = text;
+  return td;
+}
+
+function figures(container, items) {
+  container.replaceChildren(...items.map(([label, value, note]) => {
+    const box = document.createElement("div");
+    box.className = "figure";
+    box.dataset.figure = label;
+    box.innerHTML = '<div class="label"></div><div class="value"></div><div class="note"></div>';
+    box.querySelector(".label").textContent = label;
+    box.querySelector(".value").textContent = value;
+    box.querySelector(".note").textContent = note ?? "";
+    return box;
+  }));
+}
+
+function last(values) { return values.length ? values[values.length - 1] : 0; }
+
+function renderOverview(stats, history) {
+  const engine = stats.engine, kv = engine.kv_cache, turns = stats.turns;
+  figures($("#overview-figures"), [
+    ["Requests / s", number(last(history.requests_per_s), 2), `${number(turns.total)} turns in all`],
+    ["TTFT p50", ms(turns.ttft_p50_ms), "last 1,000 turns"],
+    ["TTFT p99", ms(turns.ttft_p99_ms), "last 1,000 turns"],
+    ["Tokens / s", number(engine.generation_tokens_per_s, 1), "generated, last minute"],
+    ["Batch size", number(engine.batch_size.mean, 1), `max ${engine.batch_size.max}, last minute`],
+    ["KV-pool use", percent(kv.usage), `${number(kv.blocks_used)} of ${number(kv.blocks_total)} blocks`],
+    ["Prefix-cache hit rate", percent(kv.prefix_hit_rate), `${number(kv.prefix_hit_tokens)} tokens reused`],
+    ["Requests waiting", number(engine.requests.waiting), `${engine.requests.running} running`],
+  ]);
+  const t = history.time;
+  lineChart($("#chart-requests"), t, [{ name: "requests / s", color: COLORS.accent, values: history.requests_per_s }], { format: (v) => v.toFixed(2) });
+  lineChart($("#chart-tokens"), t, [{ name: "tokens / s", color: COLORS.ok, values: history.tokens_per_s }]);
+  lineChart($("#chart-ttft"), t, [
+    { name: "p50", color: COLORS.accent, values: history.ttft_p50_ms },
+    { name: "p99", color: COLORS.warn, values: history.ttft_p99_ms },
+  ], { format: (v) => v.toFixed(0) });
+  lineChart($("#chart-kv"), t, [
+    { name: "KV-pool use", color: COLORS.violet, values: history.kv_usage },
+    { name: "prefix-cache hit rate", color: COLORS.ok, values: history.prefix_hit_rate },
+  ], { yMax: 1, format: (v) => `${(v * 100).toFixed(0)}%` });
+}
+
+function renderCacheFigures(stats, history) {
+  const cache = stats.cache, turns = stats.turns;
+  const share = (n) => (turns.total ? n / turns.total : 0);
+  figures($("#cache-figures"), [
+    ["Hit rate", percent(cache.hit_rate), `${number(cache.hits_exact + cache.hits_semantic)} of ${number(cache.hits_exact + cache.hits_semantic + cache.misses)} lookups`],
+    ["Exact hits", number(cache.hits_exact), `${percent(share(turns.exact))} of turns`],
+    ["Semantic hits", number(cache.hits_semantic), `${percent(share(turns.semantic))} of turns`],
+    ["Merged", number(turns.merged), `${percent(share(turns.merged))} of turns`],
+    ["Entries", number(cache.entries), `capacity ${number(cache.capacity)}`],
+    ["Evictions", number(cache.evictions), `${number(cache.expired)} expired`],
+    ["Skipped (PII)", number(cache.skipped_pii), "never cached"],
+    ["Lookup p50", ms(cache.lookup_ms_p50), `p99 ${ms(cache.lookup_ms_p99)}`],
+  ]);
+  lineChart($("#chart-hits"), history.time, [
+    { name: "exact", color: COLORS.ok, values: history.hit_rate_exact },
+    { name: "semantic", color: COLORS.accent, values: history.hit_rate_semantic },
+    { name: "merged", color: COLORS.violet, values: history.hit_rate_merged },
+  ], { yMax: 1, format: (v) => `${(v * 100).toFixed(0)}%` });
+}
+
+async function renderCacheTables() {
+  const query = encodeURIComponent($("#cache-query").value);
+  const [top, entries] = await Promise.all([api("/cache/entries?order=hits&limit=10"), api(`/cache/entries?q=${query}&limit=100`)]);
+  $("#top-entries tbody").replaceChildren(...top.filter((e) => e.hits > 0).map((entry) => {
+    const row = document.createElement("tr");
+    row.append(cell(entry.question, "clip"), cell(number(entry.hits), "num"));
+    return row;
+  }));
+  $("#cache-entries tbody").replaceChildren(...entries.map((entry) => {
+    const row = document.createElement("tr");
+    const remove = document.createElement("button");
+    remove.className = "link";
+    remove.textContent = "Delete";
+    remove.onclick = async () => { await api(`/cache/entries/${entry.id}`, { method: "DELETE" }); refresh(); };
+    const actions = document.createElement("td");
+    actions.append(remove);
+    row.append(cell(entry.question, "clip"), cell(entry.answer, "clip"), cell(number(entry.hits), "num"), cell(when(entry.last_used_at)), actions);
+    return row;
+  }));
+}
+
+// Rows are rebuilt only when they change, so a refresh never pulls a row from under the pointer.
+let shownSessions = "";
+
+async function renderSessions() {
+  const list = await api("/sessions?limit=100");
+  $("#sessions-title").textContent = `Sessions (${number(list.active)} active, ${number(list.total)} in all)`;
+  const signature = JSON.stringify([list.sessions, openSession]);
+  if (signature !== shownSessions) renderSessionRows(list.sessions);
+  shownSessions = signature;
+  if (openSession !== null) renderSession(await api(`/sessions/${openSession}`));
+}
+
+function renderSessionRows(sessions) {
+  $("#session-list tbody").replaceChildren(...sessions.map((session) => {
+    const row = document.createElement("tr");
+    row.className = "clickable" + (session.id === openSession ? " selected" : "");
+    row.onclick = () => { openSession = session.id; renderSessions(); };
+    row.append(cell(session.key, "clip"), cell(session.state), cell(number(session.turns), "num"), cell(number(session.compressions), "num"), cell(when(session.last_active_at)));
+    return row;
+  }));
+}
+
+function renderSession(session) {
+  const box = $("#session-detail");
+  const title = document.createElement("h2");
+  title.textContent = session.key;
+  const facts = document.createElement("p");
+  facts.className = "muted";
+  facts.textContent = `${session.turns} turns · ${session.messages} messages · ${number(session.context_tokens)} tokens in context · ${session.compressions} compressions · ${session.state}`;
+  const turns = session.messages_detail.map((message) => {
+    const item = document.createElement("div");
+    item.className = `turn ${message.role}${message.in_context ? "" : " out"}`;
+    const meta = document.createElement("div");
+    meta.className = "meta";
+    meta.textContent = `#${message.seq} · turn ${message.turn_index} · ${message.role} · ${message.tokens} tokens${message.in_context ? "" : " · compressed away"}`;
+    const text = document.createElement("div");
+    text.className = "text";
+    text.textContent = message.text;
+    item.append(meta, text);
+    return item;
+  });
+  box.replaceChildren(title, facts, ...turns);
+}
+
+async function renderConfig() {
+  const config = await api("/config");
+  $("#config-body").replaceChildren(...Object.entries(config).map(([section, values]) => {
+    const box = document.createElement("div");
+    box.className = "config-section";
+    const heading = document.createElement("h3");
+    heading.textContent = section;
+    const table = document.createElement("table");
+    for (const [key, value] of Object.entries(values)) {
+      const row = table.insertRow();
+      row.append(cell(key), cell(typeof value === "object" ? JSON.stringify(value) : String(value)));
+    }
+    box.append(heading, table);
+    return box;
+  }));
+}
+
+function currentPage() {
+  const page = location.hash.slice(1);
+  return PAGES.includes(page) ? page : "overview";
+}
+
+async function refresh() {
+  const page = currentPage();
+  for (const name of PAGES) document.getElementById(name).classList.toggle("active", name === page);
+  for (const link of document.querySelectorAll("#tabs a")) link.classList.toggle("active", link.hash === `#${page}`);
+  try {
+    const [stats, history] = await Promise.all([api("/stats"), api("/history")]);
+    $("#model").textContent = `${stats.engine.model} on ${stats.engine.device}`;
+    $("#demo-warning").hidden = !stats.engine.is_demo_model;
+    if (page === "overview") renderOverview(stats, history);
+    if (page === "cache") { renderCacheFigures(stats, history); await renderCacheTables(); }
+    if (page === "sessions") await renderSessions();
+    if (page === "config") await renderConfig();
+    $("#updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  } catch (error) {
+    $("#updated").textContent = `update failed: ${error.message}`;
+  }
+}
+
+$("#cache-search").addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
+$("#cache-flush").addEventListener("click", async () => {
+  if (!confirm("Delete every cache entry?")) return;
+  await api("/cache/flush", { method: "POST" });
+  refresh();
+});
+window.addEventListener("hashchange", refresh);
+refresh();
+setInterval(() => { if (currentPage() !== "config") refresh(); }, REFRESH_MS);

@@ -1,0 +1,122 @@
+"""The figures /metrics serves to Prometheus: HTTP requests, turns by cache level, TTFT and
+token histograms, cache, engine and KV-pool figures.
+
+Counters kept elsewhere (ChatManager, ResponseCache, LLMEngine) are read at scrape time by a
+collector, so they cover every channel, Feishu included. The histograms are observed here, per
+turn served by web/ (the API and the chat page): the ChatManager keeps no per-turn hook."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from engine.chat_manager import ChatManager, TurnResult
+
+TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TOKEN_BUCKETS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+class Telemetry:
+    """One registry per app, so several apps in one process (tests) never share figures."""
+
+    def __init__(self, chat_manager: ChatManager) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "clawdbot_http_requests", "HTTP requests by route and status", ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "clawdbot_ttft_seconds", "time to the first reply text, per web turn", ["endpoint", "cache_level"],
+            buckets=TTFT_BUCKETS_S, registry=self.registry,
+        )
+        self.tokens = Histogram(
+            "clawdbot_turn_tokens", "tokens per web turn: prompt, prompt served from the prefix cache, completion",
+            ["endpoint", "kind"], buckets=TOKEN_BUCKETS, registry=self.registry,
+        )
+        self.registry.register(ChatManagerCollector(chat_manager))
+
+    def observe_turn(self, endpoint: str, result: TurnResult) -> None:
+        self.ttft.labels(endpoint, result.cache_level or "miss").observe(result.ttft_s)
+        for kind, count in (
+            ("prompt", result.prompt_tokens),
+            ("cached", result.cached_tokens),
+            ("completion", result.completion_tokens),
+        ):
+            self.tokens.labels(endpoint, kind).observe(count)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class ChatManagerCollector(Collector):
+    def __init__(self, chat_manager: ChatManager) -> None:
+        self.chat_manager = chat_manager
+
+    def collect(self) -> Iterator[Metric]:
+        stats: dict[str, Any] = self.chat_manager.stats()
+        turns, cache, engine = stats["turns"], stats["cache"], stats["engine"]
+        kv = engine["kv_cache"]
+
+        by_level = CounterMetricFamily("clawdbot_turns", "turns answered, by how", labels=["cache_level"])
+        for level in ("generated", "exact", "semantic", "merged"):
+            by_level.add_metric([level], turns[level])
+        yield by_level
+        yield CounterMetricFamily("clawdbot_compressions", "history compressions", value=turns["compressions"])
+
+        lookups = CounterMetricFamily("clawdbot_cache_lookups", "response-cache lookups, by result", labels=["result"])
+        for result, key in (("exact", "hits_exact"), ("semantic", "hits_semantic"), ("miss", "misses")):
+            lookups.add_metric([result], cache[key])
+        yield lookups
+        yield GaugeMetricFamily("clawdbot_cache_entries", "response-cache entries", value=cache["entries"])
+        yield CounterMetricFamily("clawdbot_cache_evictions", "entries evicted for capacity", value=cache["evictions"])
+        yield CounterMetricFamily("clawdbot_cache_skipped_pii", "lookups skipped for PII", value=cache["skipped_pii"])
+
+        requests = GaugeMetricFamily("clawdbot_engine_requests", "engine requests, by state", labels=["state"])
+        requests.add_metric(["running"], engine["requests"]["running"])
+        requests.add_metric(["waiting"], engine["requests"]["waiting"])
+        yield requests
+        yield CounterMetricFamily(
+            "clawdbot_engine_generated_tokens", "tokens generated", value=engine["totals"]["generated_tokens"]
+        )
+        yield GaugeMetricFamily("clawdbot_engine_batch_size", "mean sequences per step, last minute",
+                                value=engine["batch_size"]["mean"])
+        yield GaugeMetricFamily("clawdbot_kv_pool_usage_ratio", "share of KV blocks in use", value=kv["usage"])
+        blocks = GaugeMetricFamily("clawdbot_kv_pool_blocks", "KV blocks, by state", labels=["state"])
+        for state in ("used", "free", "cached"):
+            blocks.add_metric([state], kv[f"blocks_{state}"])
+        yield blocks
+        yield GaugeMetricFamily("clawdbot_prefix_cache_hit_ratio", "prompt tokens found in the prefix cache",
+                                value=kv["prefix_hit_rate"])
+
+
+class RequestMetrics:
+    """Counts every HTTP request by its route template (not the raw path: bounded label values)."""
+
+    def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
+        self.app = app
+        self.telemetry = telemetry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", "unmatched")
+            self.telemetry.requests.labels(path, scope["method"], str(status)).inc()
+

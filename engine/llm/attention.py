@@ -1,0 +1,92 @@
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillSpan:
+    """One sequence computing several tokens this step: rows [start, end) of the flat batch."""
+
+    start: int
+    end: int
+    context_len: int
+    block_table: torch.Tensor
+    mask: torch.Tensor | None  # [end - start, context_len]; None when nothing was computed before
+
+
+@dataclass
+class DecodeBucket:
+    """Sequences computing one token each, rows [start, end) of the flat batch. Their block tables
+    are padded to the longest, so buckets hold similar lengths and bound the gathered KV."""
+
+    start: int
+    end: int
+    block_tables: torch.Tensor  # [end - start, max_blocks], padded with block 0
+    mask: torch.Tensor  # [end - start, 1, 1, max_blocks * block_size]
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's tokens go in the KV pool and what each attends to. The flat batch holds
+    the decode buckets first, then the prefill spans."""
+
+    slot_mapping: torch.Tensor
+    decodes: list[DecodeBucket]
+    prefills: list[PrefillSpan]
+
+
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    num_kv_heads, head_dim = k.shape[-2:]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+
+
+def gather_blocks(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
+    """[..., num_blocks] block ids -> [..., num_kv_heads, num_blocks * block_size, head_dim]."""
+    return cache[block_table].flatten(-4, -3).transpose(-3, -2)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """q [tokens, heads, head_dim], k/v [tokens, kv_heads, head_dim], already stored in the pool."""
+    out = torch.empty_like(q)
+    num_heads, head_dim = q.shape[-2:]
+    num_kv_heads = k.shape[-2]
+    for bucket in meta.decodes:
+        # one query token per sequence: the query heads sharing a KV head become its query rows,
+        # which is GQA without repeating the cache
+        grouped_q = q[bucket.start : bucket.end].view(-1, num_kv_heads, num_heads // num_kv_heads, head_dim)
+        out[bucket.start : bucket.end] = F.scaled_dot_product_attention(
+            grouped_q,
+            gather_blocks(k_cache, bucket.block_tables),
+            gather_blocks(v_cache, bucket.block_tables),
+            attn_mask=bucket.mask,
+            scale=scale,
+        ).view(-1, num_heads, head_dim)
+    for span in meta.prefills:
+        span_q = q[span.start : span.end].transpose(0, 1)
+        if span.mask is None:
+            span_k, span_v = k[span.start : span.end].transpose(0, 1), v[span.start : span.end].transpose(0, 1)
+        else:
+            span_k = gather_blocks(k_cache, span.block_table)[:, : span.context_len]
+            span_v = gather_blocks(v_cache, span.block_table)[:, : span.context_len]
+        out[span.start : span.end] = F.scaled_dot_product_attention(
+            span_q,
+            span_k,
+            span_v,
+            attn_mask=span.mask,
+            is_causal=span.mask is None,
+            scale=scale,
+            enable_gqa=True,
+        ).transpose(0, 1)
+    return out

@@ -1,0 +1,117 @@
+import bisect
+from collections import deque
+
+from .config import EngineConfig
+from .kv_pool import KVPool, cdiv
+from .sequence import Sequence, SequenceStatus
+
+ScheduledBatch = list[tuple[Sequence, int]]
+
+
+class Scheduler:
+    """Continuous batching: each step picks who runs and how many of their tokens.
+
+    Running decodes go first, then running prefills in chunks, then waiting requests, each group
+    in priority order, until the token budget is spent. A chunked prefill therefore never
+    starves the decodes. When the pool runs dry the lowest-priority, newest running sequence is
+    preempted: its blocks are freed and it is recomputed later (its full blocks usually still
+    sit in the prefix cache).
+    """
+
+    def __init__(self, config: EngineConfig, kv_pool: KVPool) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.kv_pool = kv_pool
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    def add(self, seq: Sequence) -> None:
+        assert seq.status == SequenceStatus.WAITING
+        bisect.insort(self.waiting, seq, key=lambda s: s.sort_key)
+
+    def finish(self, seq: Sequence) -> None:
+        queue = self.running if seq.status == SequenceStatus.RUNNING else self.waiting
+        queue.remove(seq)
+        self.kv_pool.deallocate(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def schedule(self) -> ScheduledBatch:
+        self._preempt_for_priority()
+        budget = self.max_num_batched_tokens
+        scheduled: ScheduledBatch = []
+        num_preemptions = self.num_preemptions
+        queue = deque(sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, s.sort_key)))
+        self.running = []
+        while queue and budget:
+            seq = queue.popleft()
+            num_new_tokens = min(seq.num_uncomputed_tokens, budget)
+            if not self._reserve(seq, num_new_tokens, queue):
+                continue
+            self.running.append(seq)
+            scheduled.append((seq, num_new_tokens))
+            budget -= num_new_tokens
+        self.running.extend(queue)
+        # admitting while preempting would only thrash the pool
+        while (
+            self.waiting
+            and budget
+            and len(self.running) < self.max_num_seqs
+            and num_preemptions == self.num_preemptions
+        ):
+            seq = self.waiting[0]
+            computed_blocks = self.kv_pool.get_computed_blocks(seq)
+            num_cached_tokens = len(computed_blocks) * self.kv_pool.block_size
+            num_new_tokens = min(seq.num_tokens - num_cached_tokens, budget)
+            if not self.kv_pool.allocate(seq, computed_blocks, num_new_tokens):
+                break
+            if seq.num_preemptions == 0:
+                seq.num_cached_tokens = num_cached_tokens
+            self.waiting.pop(0)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled.append((seq, num_new_tokens))
+            budget -= num_new_tokens
+        return scheduled
+
+    def postprocess(self, scheduled: ScheduledBatch) -> None:
+        for seq, num_new_tokens in scheduled:
+            num_computed_before = seq.num_computed_tokens
+            seq.num_computed_tokens += num_new_tokens
+            self.kv_pool.cache_full_blocks(seq, num_computed_before)
+
+    def _reserve(self, seq: Sequence, num_new_tokens: int, queue: deque[Sequence]) -> bool:
+        """Finds blocks for `seq`, preempting worse sequences not yet scheduled this step, or `seq` itself."""
+        while not self.kv_pool.may_append(seq, num_new_tokens):
+            victim = max(queue, key=lambda s: s.sort_key, default=None)
+            if victim is None or victim.sort_key < seq.sort_key:
+                self._preempt(seq)
+                return False
+            queue.remove(victim)
+            self._preempt(victim)
+        return True
+
+    def _preempt_for_priority(self) -> None:
+        """A waiting request of strictly higher priority than a running one takes its place."""
+        if not self.waiting:
+            return
+        head = self.waiting[0]
+        num_blocks_needed = cdiv(min(head.num_tokens, self.max_num_batched_tokens), self.kv_pool.block_size)
+        while self.running and (
+            self.kv_pool.num_free_blocks < num_blocks_needed or len(self.running) >= self.max_num_seqs
+        ):
+            victim = max(self.running, key=lambda s: s.sort_key)
+            if victim.priority <= head.priority:
+                return
+            self.running.remove(victim)
+            self._preempt(victim)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv_pool.deallocate(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.add(seq)

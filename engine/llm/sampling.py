@@ -101,8 +101,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
             column([p.top_k or vocab_size for p in params]),
         ),
     ).clamp(max=vocab_size)
-    # without top-p, the largest k bounds the candidates, which saves a full-vocabulary sort
-    num_candidates = vocab_size if bool((top_p < 1).any()) else int(top_k.max())
+    # top-p acts within the top-k, so the largest k bounds the candidates: only rows with no
+    # top-k (k = vocabulary) pay for a full-vocabulary sort
+    num_candidates = int(top_k.max())
     values, token_ids = (logits / temperature[:, None]).topk(num_candidates, dim=-1)
     ranks = torch.arange(num_candidates, device=device)
     values = values.masked_fill(ranks >= top_k[:, None], -math.inf)

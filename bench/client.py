@@ -1,0 +1,155 @@
+"""The benchmark's side of the wire: OpenAI-style streaming chat completions, and the admin
+console's counters, read over HTTP as any client or operator would."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import astuple, dataclass
+from typing import Any, Self
+
+import httpx
+
+Message = dict[str, str]
+
+
+class RequestFailed(Exception):
+    """The app answered with an error status or an error event in the stream."""
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str
+    api_key: str = ""
+    admin_token: str = ""
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    ttft_s: float
+    latency_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Counters:
+    """The app's cumulative counters (GET /admin/api/stats); a run's figures are the difference."""
+
+    engine_requests: int
+    prompt_tokens: int  # prompts of engine requests, in tokens
+    reused_tokens: int  # of those, taken from the prefix cache instead of computed
+    generated: int  # turns answered by a generation of their own
+    exact: int
+    semantic: int
+    merged: int
+    compressions: int
+
+    @classmethod
+    def from_stats(cls, stats: dict[str, Any]) -> Counters:
+        turns, engine = stats["turns"], stats["engine"]
+        return cls(
+            engine_requests=sum(engine["finish_reasons"].values()),
+            prompt_tokens=engine["totals"]["prompt_tokens"],
+            reused_tokens=engine["kv_cache"]["prefix_hit_tokens"],
+            generated=turns["generated"],
+            exact=turns["exact"],
+            semantic=turns["semantic"],
+            merged=turns["merged"],
+            compressions=turns["compressions"],
+        )
+
+    def __sub__(self, other: Counters) -> Counters:
+        return Counters(*(mine - theirs for mine, theirs in zip(astuple(self), astuple(other), strict=True)))
+
+
+class ApiClient:
+    """One HTTP connection pool for a whole run; `async with` finds the model and logs in to the
+    console when an admin token is given."""
+
+    def __init__(self, target: Target, max_tokens: int) -> None:
+        self.target = target
+        self.max_tokens = max_tokens
+        self.model = ""
+        self.http = httpx.AsyncClient(
+            base_url=target.url,
+            headers={"Authorization": f"Bearer {target.api_key}"} if target.api_key else None,
+            timeout=httpx.Timeout(600.0, connect=10.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+            # Straight to the app: a proxy in between would be measured too.
+            trust_env=False,
+        )
+
+    async def __aenter__(self) -> Self:
+        models = await self._json("GET", "/v1/models")
+        self.model = models["data"][0]["id"]
+        if self.target.admin_token:
+            response = await self.http.post("/admin/login", data={"token": self.target.admin_token})
+            if response.status_code != 303:
+                raise RequestFailed(f"admin login refused (HTTP {response.status_code}): check the admin token")
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.http.aclose()
+
+    async def chat(self, messages: list[Message]) -> Reply:
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": self.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        started = time.perf_counter()
+        first_text_at: float | None = None
+        pieces: list[str] = []
+        usage: dict[str, Any] | None = None
+        async with self.http.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                await response.aread()
+                raise RequestFailed(f"HTTP {response.status_code}: {response.text[:300]}")
+            async for chunk in _events(response):
+                usage = chunk.get("usage") or usage
+                for choice in chunk["choices"]:
+                    if piece := choice["delta"].get("content"):
+                        first_text_at = first_text_at or time.perf_counter()
+                        pieces.append(piece)
+        finished = time.perf_counter()
+        if usage is None:
+            raise RequestFailed("the stream ended without usage")
+        return Reply(
+            text="".join(pieces),
+            ttft_s=(first_text_at or finished) - started,
+            latency_s=finished - started,
+            prompt_tokens=usage["prompt_tokens"],
+            cached_tokens=usage["prompt_tokens_details"]["cached_tokens"],
+            completion_tokens=usage["completion_tokens"],
+        )
+
+    async def counters(self) -> Counters | None:
+        if not self.target.admin_token:
+            return None
+        return Counters.from_stats(await self._json("GET", "/admin/api/stats"))
+
+    async def _json(self, method: str, path: str) -> Any:
+        response = await self.http.request(method, path)
+        if response.status_code != 200:
+            raise RequestFailed(f"{method} {path}: HTTP {response.status_code}: {response.text[:300]}")
+        return response.json()
+
+
+async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON chunks of an OpenAI server-sent event stream, up to [DONE]."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data: "):
+            continue
+        data = line.removeprefix("data: ")
+        if data == "[DONE]":
+            return
+        chunk = json.loads(data)
+        if "error" in chunk:
+            raise RequestFailed(chunk["error"]["message"])
+        yield chunk

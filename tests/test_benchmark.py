@@ -1,0 +1,96 @@
+"""bench/benchmark.py: the workload it builds, and a --compare run at a tiny size so it keeps working."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from support import ROOT, SHARED_DATA_DIR
+
+BENCH = ROOT / "bench"
+
+
+def load_bench_module(name: str) -> ModuleType:
+    # By path, under a distinct name: bench/ is a folder of scripts, not a package on sys.path.
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pydantic resolves the models' annotations through it
+    spec.loader.exec_module(module)
+    return module
+
+
+workload = load_bench_module("workload")
+
+
+@pytest.mark.parametrize("requests", [1, 5, 12, 200])
+def test_scripts_add_up_to_the_requests_asked(requests: int) -> None:
+    spec = workload.load_workload(BENCH / "workload.yaml")
+    scripts = workload.build_scripts(spec, requests, max_copies=3)
+    assert sum(script.requests for script in scripts) == requests
+    assert all(script.copies <= 3 for script in scripts)
+    assert scripts == workload.build_scripts(spec, requests, max_copies=3)
+
+
+def test_the_mix_shares_the_requests() -> None:
+    spec = workload.load_workload(BENCH / "workload.yaml")
+    sent = Counter()
+    for script in workload.build_scripts(spec, 200, max_copies=8):
+        sent[script.kind] += script.requests
+    assert sent == {"faq": 70, "paraphrase": 30, "burst": 30, "multi_turn": 40, "long": 30}
+
+
+def test_a_workload_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
+    data = yaml.safe_load((BENCH / "workload.yaml").read_text(encoding="utf-8"))
+    data["burst"]["sizes"] = 3
+    path = tmp_path / "workload.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    with pytest.raises(ValueError, match="sizes"):
+        workload.load_workload(path)
+
+
+def run_benchmark(*args: str) -> dict[str, Any]:
+    result = subprocess.run(
+        [sys.executable, str(BENCH / "benchmark.py"), *args],
+        check=False, capture_output=True, text=True, timeout=400, cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_compare_at_a_tiny_size(tmp_path: Path) -> None:
+    data = yaml.safe_load((BENCH / "workload.yaml").read_text(encoding="utf-8"))
+    data["max_tokens"] = 8  # shorter replies: what is checked here is the run, not the figures
+    path = tmp_path / "workload.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    plot = tmp_path / "bench.png"
+
+    figures = run_benchmark(
+        "--compare", "--requests", "12", "--concurrency", "4", "--workload", str(path),
+        "--data-dir", str(SHARED_DATA_DIR), "--plot", str(plot),
+    )
+
+    baseline, optimized = figures["baseline"], figures["optimized"]
+    for side in (baseline, optimized):
+        assert side["requests"] == 12 and side["errors"] == 0
+        assert 0 < side["ttft_ms_p50"] <= side["latency_ms_p99"]
+        assert side["requests_per_s"] > 0 and side["peak_rss_mb"] > 0
+    assert baseline["engine_requests"] == 12
+    assert baseline["exact_hits"] == baseline["semantic_hits"] == baseline["merged"] == 0
+    assert baseline["prompt_tokens_reused"] == 0
+    # the second turns of its conversations start from the first turns' KV blocks
+    assert optimized["prompt_tokens_reused"] > 0
+    assert optimized["engine_requests"] <= baseline["engine_requests"]
+    assert set(figures["ratios"]) >= {"ttft_ms_p50", "requests_per_s", "engine_requests", "peak_rss_mb"}
+    assert {claim["figure"] for claim in figures["claims"]} >= {"TTFT mean", "requests/s", "served without a model call"}
+    assert plot.stat().st_size > 10_000

@@ -2,12 +2,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 from sqlalchemy import text as sql
 
 from chat_support import ManagerFactory, small_context
-from engine.chat_manager import ChatMessage, Conversation, InvalidMessage, Transcript
+from engine.chat_manager import ChatMessage, Conversation, InvalidMessage, Transcript, _Reply
+from engine.llm import SamplingParams, StreamDelta
 from storage import Database, Message, MessageRepository, SessionRepository
 
 ALICE = Conversation(channel="web", chat_id="alice")
@@ -244,3 +246,49 @@ async def test_cache_hits_across_chats_and_the_model_judges_semantic_candidates(
     judged = await ask(manager, Conversation(channel="web", chat_id="carol"), "How can I reset my password?")
     assert judged.cache_level is None
     assert manager.cache.stats()["rejected_judge"] == 1
+
+
+def engine_requests(manager) -> int:  # type: ignore[no-untyped-def]
+    return sum(manager.engine.stats()["finish_reasons"].values())
+
+
+async def test_identical_concurrent_questions_share_one_engine_request(managers: ManagerFactory) -> None:
+    manager = managers(cache=False)
+    before = engine_requests(manager)
+    chats = [Conversation(channel="feishu", chat_id=f"oc_{index}") for index in range(20)]
+    results = await asyncio.gather(*(ask(manager, chat, "What is the refund policy?") for chat in chats))
+
+    assert engine_requests(manager) - before == 1
+    assert len({result.reply for result in results}) == 1
+    assert sorted(result.cache_level or "leader" for result in results) == ["leader"] + ["merged"] * 19
+    assert manager.stats()["merging"]["merged"] == 19
+    # each chat's history holds the shared reply's exact ids
+    ids = {tuple(manager._sessions[manager.session_key(chat)].history.token_ids) for chat in chats}
+    assert len(ids) == 1
+
+
+async def test_a_merged_waiter_leaving_cancels_nothing_for_the_others(managers: ManagerFactory) -> None:
+    manager = managers(cache=False, sampling=SamplingParams(temperature=0.0, max_tokens=48))
+    leaver = manager.turn(Conversation(channel="web", chat_id="leaver"), "Tell me a long story.")
+    stayer = asyncio.create_task(ask(manager, Conversation(channel="web", chat_id="stayer"), "Tell me a long story."))
+    async for _ in leaver:
+        break
+    await leaver._deltas.aclose()  # the client went away after the first piece
+    result = await stayer
+    assert manager.stats()["merging"]["merged"] == 1
+    assert result.completion_tokens == 48 and result.finish_reason == "length"
+
+
+async def test_thinking_is_never_shown(managers: ManagerFactory, tokenizer) -> None:  # type: ignore[no-untyped-def]
+    manager = managers(enable_thinking=True)
+    think_end = tokenizer.convert_tokens_to_ids("</think>")
+
+    async def deltas() -> AsyncIterator[StreamDelta]:
+        for token_ids, text in (([151667], ""), ([1, 2], "Let me think"), ([think_end], ""), ([3], "\n\n"), ([4], "Answer."), ([5], " Done")):
+            yield StreamDelta(token_ids=token_ids, text=text)
+        yield StreamDelta(finished=True, finish_reason="stop")
+
+    reply = _Reply()
+    visible = [piece async for piece in manager._visible(deltas(), reply)]
+    assert "".join(visible) == reply.text == "Answer. Done"
+    assert reply.generated_ids[:3] == [151667, 1, 2]  # history keeps what the model produced

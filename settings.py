@@ -54,7 +54,7 @@ class EngineSettings(Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     block_size: int = Field(16, ge=1, le=256)
-    kv_cache_tokens: int = Field(65_536, ge=256)
+    kv_cache_tokens: int = Field(16_384, ge=256)
     gpu_memory_fraction: float = Field(0.85, gt=0, le=1)
     max_num_seqs: int = Field(64, ge=1, le=4096)
     max_num_batched_tokens: int = Field(2048, ge=16)

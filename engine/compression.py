@@ -9,6 +9,7 @@ this runs rarely: it compresses to `target_ratio` of the budget, leaving room fo
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from array import array
 from collections.abc import Awaitable, Callable, Sequence
@@ -154,11 +155,11 @@ def _cost(candidates: Sequence[MessageRecord], kept: set[int], span_cost: int) -
 async def summarize_spans(
     plan: CompressionPlan, history: TokenHistory, summarize: Summarize, cache: dict[str, str]
 ) -> dict[Span, str]:
-    """One summary per dropped span; a span seen before (same ids) reuses its summary."""
-    summaries: dict[Span, str] = {}
-    for span in plan.spans:
-        digest = span.digest(history)
-        if digest not in cache:
-            cache[digest] = SUMMARY_PREFIX + (await summarize(span.transcript)).strip()
-        summaries[span] = cache[digest]
-    return summaries
+    """One summary per dropped span; a span seen before (same ids) reuses its summary. New ones
+    are written concurrently, so the engine batches them and the turn waits for one, not all."""
+    digests = {span: span.digest(history) for span in plan.spans}
+    missing = {digest: span for span, digest in digests.items() if digest not in cache}
+    written = await asyncio.gather(*(summarize(span.transcript) for span in missing.values()))
+    for digest, summary in zip(missing, written):
+        cache[digest] = SUMMARY_PREFIX + summary.strip()
+    return {span: cache[digest] for span, digest in digests.items()}

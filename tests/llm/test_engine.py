@@ -199,7 +199,9 @@ def test_shutdown_aborts_requests_in_flight(small_checkpoint) -> None:
     engine = LLMEngine.from_pretrained(str(small_checkpoint.path), kv_cache_tokens=1024)
     collector = Collector()
     request_id = engine.add_request(prompt_of(10), SamplingParams(max_tokens=500, ignore_eos=True), callback=collector)
+    assert engine.is_running()
     engine.shutdown()
+    assert not engine.is_running()
     assert collector.wait(1)[request_id].finish_reason in ("abort", "length")
     with pytest.raises(RuntimeError, match="shut down"):
         engine.add_request(prompt_of(10), SamplingParams())

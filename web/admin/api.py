@@ -22,16 +22,6 @@ MASK = "••••••••"
 router = APIRouter(prefix="/admin/api", tags=["admin console"], dependencies=[Depends(require_admin)])
 
 
-class CacheEntryOut(BaseModel):
-    id: int
-    scope: str
-    question: str
-    answer: str
-    hits: int
-    created_at: datetime
-    last_used_at: datetime
-
-
 class SessionSummary(BaseModel):
     id: int
     key: str
@@ -88,7 +78,7 @@ async def cache_entries(
     q: str = "",
     limit: int = Query(50, ge=1, le=500),
     order: Literal["recent", "hits"] = "recent",
-) -> list[CacheEntryOut]:
+) -> list[EntryView]:
     """Entries whose question contains `q`; most recently used first, or most hit first."""
     cache = chat_manager.cache
     if order == "recent":
@@ -96,7 +86,7 @@ async def cache_entries(
     else:
         views = await asyncio.to_thread(cache.entries, q, cache.config.capacity)
         views = sorted(views, key=lambda view: view.hits, reverse=True)[:limit]
-    return [_entry(view) for view in views]
+    return views
 
 
 @router.delete("/cache/entries/{entry_id}", status_code=status.HTTP_204_NO_CONTENT)
@@ -139,13 +129,6 @@ def masked(settings: Settings) -> dict[str, Any]:
             values[section][key] = MASK
     values["storage"]["url"] = make_url(settings.storage.url).render_as_string(hide_password=True)
     return values
-
-
-def _entry(view: EntryView) -> CacheEntryOut:
-    return CacheEntryOut(
-        id=view.id, scope=view.scope, question=view.question, answer=view.answer, hits=view.hits,
-        created_at=view.created_at, last_used_at=view.last_used_at,
-    )
 
 
 def _session_counts(db: Database) -> dict[str, int]:

@@ -99,6 +99,7 @@ def build_chat_manager(settings: Settings, engine: LLMEngine, cache: ResponseCac
         compression=CompressionConfig(
             max_prompt_tokens=context.max_prompt_tokens,
             target_ratio=context.compress_to_ratio,
+            compress_ahead_ratio=context.compress_ahead_ratio,
             keep_last_turns=context.keep_last_turns,
             relevance_weight=context.relevance_weight,
             recency_weight=context.recency_weight,

@@ -79,6 +79,7 @@ class ContextSettings(Section):
     enable_thinking: bool = False
     max_prompt_tokens: int = Field(6144, ge=512)
     compress_to_ratio: float = Field(0.6, gt=0.1, le=0.95)
+    compress_ahead_ratio: float = Field(0.9, gt=0.1, le=1.0)
     keep_last_turns: int = Field(2, ge=0, le=100)
     relevance_weight: float = Field(0.6, ge=0)
     recency_weight: float = Field(0.3, ge=0)

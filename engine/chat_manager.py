@@ -35,6 +35,8 @@ from engine.history import ChatFormat, MessageRecord, TokenHistory
 from engine.llm import LLMEngine, SamplingParams, StreamDelta
 from engine.merging import RequestMerger
 from engine.pii import scrub
+from sqlalchemy.orm import Session
+
 from storage import ChatRepository, Database, MessageRepository, SessionRepository, utcnow
 
 log = logging.getLogger(__name__)
@@ -190,6 +192,7 @@ class ChatManager:
         self._summaries: dict[str, str] = {}
         self._counts: Counter[str] = Counter()
         self._ttfts: deque[float] = deque(maxlen=1000)
+        self._background: set[asyncio.Task[None]] = set()
         # API conversations: digest of the transcript a session has reached -> its chat id.
         self._transcripts: OrderedDict[str, str] = OrderedDict()
 
@@ -300,6 +303,7 @@ class ChatManager:
                 await self.cache.store(scope, text, reply.text)
             ttft = (reply.first_text_at or time.perf_counter()) - started
             self._count(level, ttft, bool(new_summaries))
+            self._compress_ahead(state)
             turn.result = TurnResult(
                 reply=reply.text,
                 session_id=state.id,
@@ -376,6 +380,39 @@ class ChatManager:
         )
         return new, added
 
+    def _compress_ahead(self, state: SessionState) -> None:
+        """Past the high-water mark, compress now, in the background, so the next turn does not
+        wait for the summaries; relevance is then judged against the latest question."""
+        config = self.config.compression
+        if state.history.num_tokens < config.max_prompt_tokens * config.compress_ahead_ratio:
+            return
+        task = asyncio.create_task(self._compress_in_background(state), name=f"compress-session-{state.id}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _compress_in_background(self, state: SessionState) -> None:
+        config = self.config.compression
+        async with state.lock:
+            if state.closed or state.history.num_tokens < config.max_prompt_tokens * config.compress_ahead_ratio:
+                return  # a turn compressed it first, or the session closed
+            question = next(record.text for record in reversed(state.history.records) if record.role == "user")
+            try:
+                history, new_summaries = await self._compress(state, question, len(self.format.generation_prompt))
+                if new_summaries:
+                    await asyncio.to_thread(self._persist_compression, state, history, new_summaries)
+            except Exception:  # noqa: BLE001 - the session keeps its uncompressed history; the next turn retries
+                log.exception("session %d: compression ahead of the next turn failed", state.id)
+                return
+            if new_summaries:
+                state.history = history
+                state.next_seq += len(new_summaries)
+                state.compressions += 1
+                self._counts["compressions"] += 1
+
+    def _persist_compression(self, state: SessionState, history: TokenHistory, new_summaries: list[MessageRecord]) -> None:
+        with self.db.session() as session:
+            self._write_compression(session, state, history, new_summaries)
+
     async def same_question(self, first: str, second: str) -> bool:
         """The model's yes/no on whether two questions share an answer: the response cache's last
         check of a semantic candidate (wired by the app when a real model is loaded)."""
@@ -397,8 +434,10 @@ class ChatManager:
             *self.format.generation_prompt,
         ]
         params = SamplingParams(temperature=0.0, max_tokens=self.config.compression.summary_max_tokens)
-        pieces = [delta.text async for delta in self.engine.stream(prompt, params)]
-        return "".join(pieces)
+        deltas = [delta async for delta in self.engine.stream(prompt, params)]
+        if deltas[-1].finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"the summary was not written ({deltas[-1].finish_reason})")
+        return "".join(delta.text for delta in deltas)
 
     # --- sessions -----------------------------------------------------------------------------
 
@@ -488,22 +527,30 @@ class ChatManager:
     ) -> None:
         """The turn's messages (and a compression, if one happened) in one unit of work."""
         with self.db.session() as session:
+            if new_summaries:
+                self._write_compression(session, state, history, new_summaries)
             messages = MessageRepository(session)
-            for record in new_summaries:
-                messages.add(
-                    state.id, seq=record.seq, turn_index=record.turn_index, role="summary",
-                    text=record.text, token_ids=history.ids_of(record),
-                )
             for offset, (role, (text, ids)) in enumerate((("user", question), ("assistant", answer))):
                 messages.add(state.id, seq=user_seq + offset, turn_index=state.next_turn, role=role, text=text, token_ids=ids)
             row = SessionRepository(session).get(state.id)
             assert row is not None
             row.last_active_at = utcnow()
-            if new_summaries:
-                row.context_seqs = [record.seq for record in history.records if record.role != "system"]
-                # Everything up to the summaries is decided; the turn's own messages come after.
-                row.compacted_through_seq = max(record.seq for record in new_summaries)
-                row.compressions += 1
+
+    def _write_compression(
+        self, session: Session, state: SessionState, history: TokenHistory, new_summaries: list[MessageRecord]
+    ) -> None:
+        messages = MessageRepository(session)
+        for record in new_summaries:
+            messages.add(
+                state.id, seq=record.seq, turn_index=record.turn_index, role="summary",
+                text=record.text, token_ids=history.ids_of(record),
+            )
+        row = SessionRepository(session).get(state.id)
+        assert row is not None
+        row.context_seqs = [record.seq for record in history.records if record.role != "system"]
+        # Everything up to the summaries is decided; later messages follow them.
+        row.compacted_through_seq = max(record.seq for record in new_summaries)
+        row.compressions += 1
 
     # --- commands -----------------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ SUMMARY_PREFIX = "Summary of an earlier part of this conversation: "
 class CompressionConfig:
     max_prompt_tokens: int = 6144
     target_ratio: float = 0.6
+    compress_ahead_ratio: float = 0.9
     keep_last_turns: int = 2
     relevance_weight: float = 0.6
     recency_weight: float = 0.3

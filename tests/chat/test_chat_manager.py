@@ -292,3 +292,20 @@ async def test_thinking_is_never_shown(managers: ManagerFactory, tokenizer) -> N
     visible = [piece async for piece in manager._visible(deltas(), reply)]
     assert "".join(visible) == reply.text == "Answer. Done"
     assert reply.generated_ids[:3] == [151667, 1, 2]  # history keeps what the model produced
+
+
+async def test_compression_runs_ahead_of_the_next_turn(managers: ManagerFactory) -> None:
+    context = small_context(max_prompt_tokens=512, compress_ahead_ratio=0.8)
+    manager = managers(compression=context)
+    results = []
+    for index in range(12):
+        results.append(await ask(manager, BOB, f"Note {index}: " + "the quick brown fox jumps " * 3))
+        await asyncio.gather(*manager._background)  # what a user's typing time gives it
+    state = manager._sessions[manager.session_key(BOB)]
+
+    assert state.compressions >= 1
+    assert not any(result.compressed for result in results)  # no turn waited for a summary
+    assert all(result.prompt_tokens <= context.max_prompt_tokens for result in results)
+    assert state.history.num_tokens < context.max_prompt_tokens * context.compress_ahead_ratio
+    restored = await managers(compression=context)._session(BOB)
+    assert restored.history.token_ids == state.history.token_ids

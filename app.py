@@ -133,6 +133,7 @@ def build_app(settings: Settings) -> FastAPI:
         maintenance, "interval", seconds=settings.maintenance.interval_s, id="maintenance", max_instances=1, coalesce=True
     )
     telemetry = Telemetry(chat_manager)
+    chat_manager.turn_observers.append(telemetry.observe_turn)
     monitor = Monitor(chat_manager, settings.admin.history_points)
     scheduler.add_job(
         monitor.sample, "interval", seconds=settings.admin.sample_interval_s, id="console-sample", max_instances=1, coalesce=True

@@ -193,6 +193,8 @@ class ChatManager:
         self._counts: Counter[str] = Counter()
         self._ttfts: deque[float] = deque(maxlen=1000)
         self._background: set[asyncio.Task[None]] = set()
+        # Called with every finished turn, whoever asked (Feishu, the API, the chat page).
+        self.turn_observers: list[Callable[[Conversation, TurnResult], None]] = []
         # API conversations: digest of the transcript a session has reached -> its chat id.
         self._transcripts: OrderedDict[str, str] = OrderedDict()
 
@@ -315,6 +317,8 @@ class ChatManager:
                 ttft_s=ttft,
                 compressed=bool(new_summaries),
             )
+            for observe in self.turn_observers:
+                observe(conversation, turn.result)
 
     def _generate(
         self, scope: Scope, text: str, prompt_ids: list[int], params: SamplingParams, merge: bool

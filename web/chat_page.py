@@ -19,9 +19,8 @@ from pydantic import BaseModel, Field
 from engine.chat_manager import ChatManager, Conversation, InvalidMessage, Turn
 from storage import Database, MessageRepository, SessionRepository
 from web.admission import admit
-from web.deps import ChatManagerDep, DatabaseDep, RateLimiterDep, SettingsDep, TelemetryDep
+from web.deps import ChatManagerDep, DatabaseDep, RateLimiterDep, SettingsDep
 from web.errors import WebError, WebErrorRoute
-from web.telemetry import Telemetry
 from web.templating import templates
 
 COOKIE = "clawdbot_chat"
@@ -87,7 +86,6 @@ async def send_message(
     conversation: BrowserConversation,
     chat_manager: ChatManagerDep,
     rate_limiter: RateLimiterDep,
-    telemetry: TelemetryDep,
 ) -> StreamingResponse:
     """Server-sent events: `delta` {text} as the reply streams, then `done` with its Badges, or
     `error` {message}."""
@@ -96,7 +94,7 @@ async def send_message(
         turn = chat_manager.turn(conversation, message.text)
     except InvalidMessage as exc:
         raise WebError(400, str(exc), param="text") from None
-    return StreamingResponse(_events(turn, telemetry), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(_events(turn), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 @router.post("/chat/api/reset", status_code=status.HTTP_204_NO_CONTENT)
@@ -105,7 +103,7 @@ async def new_session(conversation: BrowserConversation, chat_manager: ChatManag
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-async def _events(turn: Turn, telemetry: Telemetry) -> AsyncIterator[str]:
+async def _events(turn: Turn) -> AsyncIterator[str]:
     async with aclosing(aiter(turn)) as deltas:  # a closed page stops the generation
         try:
             async for text in deltas:
@@ -115,7 +113,6 @@ async def _events(turn: Turn, telemetry: Telemetry) -> AsyncIterator[str]:
             return
     result = turn.result
     assert result is not None
-    telemetry.observe_turn("chat", result)
     badges = Badges(
         cache_level=result.cache_level or "miss",
         ttft_ms=result.ttft_s * 1000,

@@ -21,9 +21,8 @@ from engine.chat_manager import ChatMessage, InvalidMessage, Transcript, Turn, T
 from engine.llm import SamplingParams
 from settings import LimitsSettings
 from web.admission import admit
-from web.deps import ChatManagerDep, RateLimiterDep, SettingsDep, TelemetryDep
+from web.deps import ChatManagerDep, RateLimiterDep, SettingsDep
 from web.errors import WebError, WebErrorRoute
-from web.telemetry import Telemetry
 from web.openai_schemas import (
     AssistantMessage,
     ChatCompletion,
@@ -77,7 +76,6 @@ async def create_chat_completion(
     chat_manager: ChatManagerDep,
     settings: SettingsDep,
     rate_limiter: RateLimiterDep,
-    telemetry: TelemetryDep,
 ) -> ChatCompletion | StreamingResponse:
     rate_limiter.check(body.user or (request.client.host if request.client else "unknown"))
     model = chat_manager.config.model_name
@@ -102,7 +100,7 @@ async def create_chat_completion(
             raise _turn_failed(exc) from exc
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
-            completion.events(turn, deltas, first, include_usage, telemetry),
+            completion.events(turn, deltas, first, include_usage),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Cache-Status": turn.cache_level or "miss"},
         )
@@ -111,7 +109,6 @@ async def create_chat_completion(
         result = await turn.collect()
     except (ValueError, RuntimeError) as exc:
         raise _turn_failed(exc) from exc
-    telemetry.observe_turn("api", result)
     response.headers["X-Cache-Status"] = result.cache_level or "miss"
     return ChatCompletion(
         id=completion.id,
@@ -133,7 +130,7 @@ class _Completion:
         return f"data: {chunk.model_dump_json(exclude=None if include_usage else {'usage'})}\n\n"
 
     async def events(
-        self, turn: Turn, deltas: AsyncIterator[str], first: str | None, include_usage: bool, telemetry: Telemetry
+        self, turn: Turn, deltas: AsyncIterator[str], first: str | None, include_usage: bool
     ) -> AsyncIterator[str]:
         """OpenAI's SSE: the role, the text increments, the finish reason, usage if asked, [DONE]."""
         yield self.chunk([ChunkChoice(delta=Delta(role="assistant", content=""))], None, include_usage)
@@ -148,7 +145,6 @@ class _Completion:
             except (ValueError, RuntimeError) as exc:
                 yield f"data: {_turn_failed(exc).body().model_dump_json()}\n\n"
                 return
-        telemetry.observe_turn("api", turn.result)
         yield self.chunk([ChunkChoice(delta=Delta(), finish_reason=finish_reason)], None, include_usage)
         if include_usage:
             yield self.chunk([], _usage(turn.result), include_usage)

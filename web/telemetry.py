@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.chat_manager import ChatManager, TurnResult
+from engine.chat_manager import ChatManager, Conversation, TurnResult
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TOKEN_BUCKETS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -31,23 +31,24 @@ class Telemetry:
             registry=self.registry,
         )
         self.ttft = Histogram(
-            "clawdbot_ttft_seconds", "time to the first reply text, per web turn", ["endpoint", "cache_level"],
+            "clawdbot_ttft_seconds", "time to the first reply text, per turn", ["channel", "cache_level"],
             buckets=TTFT_BUCKETS_S, registry=self.registry,
         )
         self.tokens = Histogram(
             "clawdbot_turn_tokens", "tokens per web turn: prompt, prompt served from the prefix cache, completion",
-            ["endpoint", "kind"], buckets=TOKEN_BUCKETS, registry=self.registry,
+            ["channel", "kind"], buckets=TOKEN_BUCKETS, registry=self.registry,
         )
         self.registry.register(ChatManagerCollector(chat_manager))
 
-    def observe_turn(self, endpoint: str, result: TurnResult) -> None:
-        self.ttft.labels(endpoint, result.cache_level or "miss").observe(result.ttft_s)
+    def observe_turn(self, conversation: Conversation, result: TurnResult) -> None:
+        """A ChatManager turn observer: every channel's turns land in the histograms."""
+        self.ttft.labels(conversation.channel, result.cache_level or "miss").observe(result.ttft_s)
         for kind, count in (
             ("prompt", result.prompt_tokens),
             ("cached", result.cached_tokens),
             ("completion", result.completion_tokens),
         ):
-            self.tokens.labels(endpoint, kind).observe(count)
+            self.tokens.labels(conversation.channel, kind).observe(count)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -309,3 +309,14 @@ async def test_compression_runs_ahead_of_the_next_turn(managers: ManagerFactory)
     assert state.history.num_tokens < context.max_prompt_tokens * context.compress_ahead_ratio
     restored = await managers(compression=context)._session(BOB)
     assert restored.history.token_ids == state.history.token_ids
+
+
+async def test_every_finished_turn_reaches_the_observers(managers: ManagerFactory) -> None:
+    manager = managers(cache=True)
+    seen: list[tuple[str, str | None]] = []
+    manager.turn_observers.append(lambda conversation, result: seen.append((conversation.chat_id, result.cache_level)))
+    await ask(manager, ALICE, "What is the office Wi-Fi password policy?")
+    await ask(manager, BOB, "What is the office Wi-Fi password policy?")
+    with pytest.raises(InvalidMessage):
+        manager.turn(ALICE, "")
+    assert seen == [("alice", None), ("bob", "exact")]

@@ -230,6 +230,6 @@ def test_metrics_expose_requests_cache_levels_and_histograms(app: AppProcess, cl
     metrics = httpx.get(f"{app.base_url}/metrics").text
     assert 'clawdbot_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}' in metrics
     assert re.search(r'clawdbot_turns_total\{cache_level="exact"\} [1-9]', metrics)
-    assert 'clawdbot_ttft_seconds_bucket{cache_level="exact",endpoint="api"' in metrics
-    assert 'clawdbot_turn_tokens_count{endpoint="api",kind="completion"}' in metrics
+    assert 'clawdbot_ttft_seconds_bucket{cache_level="exact",channel="api"' in metrics
+    assert 'clawdbot_turn_tokens_count{channel="api",kind="completion"}' in metrics
     assert "clawdbot_kv_pool_usage_ratio" in metrics

@@ -131,3 +131,13 @@ def test_maintenance_purges_expired_events_and_closes_idle_sessions(db: Database
         assert sessions.get(idle.id).closed_at is not None
         assert sessions.active("busy") is not None
     assert run_maintenance(db, session_idle_ttl=timedelta(hours=24), now=now).purged_events == 0
+
+
+def test_migrations_match_the_models(db: Database) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from storage import Base
+
+    with db.engine.connect() as connection:
+        assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []

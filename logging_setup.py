@@ -6,7 +6,7 @@ import json
 import logging
 from datetime import datetime, timezone
 
-from engine.pii import ScrubFilter
+from cache.pii import ScrubFilter
 from settings import LoggingSettings
 
 

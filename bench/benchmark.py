@@ -50,16 +50,16 @@ WARM_UP = [{"role": "user", "content": "Benchmark warm-up: say hello."}]
 
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "baseline": {
-        "cache": {"enabled": False, "merge_requests": False},
+        "cache": {"enabled": False},
         "engine": {"enable_prefix_caching": False},
         "context": {"max_prompt_tokens": NO_COMPRESSION_BUDGET},
         # Qwen3's recommended sampling without thinking, the same top-k at every position.
-        "generation": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "dynamic_top_k": False},
+        "generation": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "dynamic_top_k": False, "merge_requests": False},
     },
     "optimized": {
-        "cache": {"enabled": True, "merge_requests": True},
+        "cache": {"enabled": True},
         "engine": {"enable_prefix_caching": True},
-        "generation": {"temperature": 0.0, "dynamic_top_k": True},
+        "generation": {"temperature": 0.0, "dynamic_top_k": True, "merge_requests": True},
     },
 }
 

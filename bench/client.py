@@ -51,14 +51,15 @@ class Counters:
     @classmethod
     def from_stats(cls, stats: dict[str, Any]) -> Counters:
         turns, engine = stats["turns"], stats["engine"]
+        levels = turns["by_level"]
         return cls(
-            engine_requests=sum(engine["finish_reasons"].values()),
-            prompt_tokens=engine["totals"]["prompt_tokens"],
+            engine_requests=sum(engine["activity"]["finish_reasons"].values()),
+            prompt_tokens=engine["activity"]["prompt_tokens"],
             reused_tokens=engine["kv_cache"]["prefix_hit_tokens"],
-            generated=turns["generated"],
-            exact=turns["exact"],
-            semantic=turns["semantic"],
-            merged=turns["merged"],
+            generated=levels["miss"],
+            exact=levels["exact"],
+            semantic=levels["semantic"],
+            merged=levels["merged"],
             compressions=turns["compressions"],
         )
 

@@ -31,7 +31,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.llm import LLMEngine, SamplingParams  # noqa: E402
+from engine import LLMEngine, SamplingParams  # noqa: E402
 
 BENCH_CONFIG = dict(
     vocab_size=32768,
@@ -148,7 +148,7 @@ def build_engine(path: Path, prefix_caching: bool = True) -> LLMEngine:
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
         max_num_seqs=64,
         enable_prefix_caching=prefix_caching,
-    )
+    ).start()
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
     return engine
 
@@ -166,13 +166,13 @@ def throughput(path: Path, hf_model: Qwen3ForCausalLM, work: Workload, profile: 
     hf_generate_batch(hf_model, prompts[:1], 2)
     batched, batch_s = timed(lambda: hf_generate_batch(hf_model, prompts, work.new_tokens))
     engine = build_engine(path)
-    num_warmup_steps = len(engine.metrics.steps)
+    num_warmup_steps = len(engine.core.metrics.steps)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else nullcontext() as prof:
         generated, ours_s = timed(lambda: ours(engine, prompts, work.new_tokens))
     if profile:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
-    batch_size = engine.stats()["batch_size"]
-    steps = list(engine.metrics.steps)[num_warmup_steps:]
+    batch_size = engine.figures().activity.batch_size
+    steps = list(engine.core.metrics.steps)[num_warmup_steps:]
     engine.shutdown()
     _, prefill_s = timed(lambda: hf_prefill(hf_model, prompts))
 
@@ -181,14 +181,14 @@ def throughput(path: Path, hf_model: Qwen3ForCausalLM, work: Workload, profile: 
     for name, seconds, outputs in (
         ("(a) transformers generate(), one at a time", sequential_s, reference),
         ("(b) transformers generate_batch()", batch_s, batched),
-        ("(c) engine.llm LLMEngine", ours_s, generated),
+        ("(c) our LLMEngine", ours_s, generated),
     ):
         print(f"{name:<46} {seconds:>9.2f} {num_generated / seconds:>10.1f}  {outputs == reference}")
     result = {"vs_sequential": sequential_s / ours_s, "vs_batch": batch_s / ours_s, "parity": generated == reference}
     print(
         f"ratio c/a: {result['vs_sequential']:.2f}x (target >= 4)   "
         f"ratio c/b: {result['vs_batch']:.2f}x (target >= 1.5)\n"
-        f"our engine: mean batch {batch_size['mean']:.1f} sequences, {batch_size['mean_tokens']:.0f} tokens per step"
+        f"our engine: mean batch {batch_size.mean:.1f} sequences, {batch_size.mean_tokens:.0f} tokens per step"
     )
     ours_prefill_s = sum(s.duration_s for s in steps if s.num_batched_tokens > s.num_seqs)
     decode_steps = [s.duration_s for s in steps if s.num_batched_tokens == s.num_seqs]
@@ -213,7 +213,7 @@ def multiturn(path: Path, work: Workload) -> dict:
     for caching in (True, False):
         engine = build_engine(path, prefix_caching=caching)
         ttfts[caching], replies[caching] = multiturn_last_ttft(engine, work, seed=2)
-        hit_rates[caching] = engine.stats()["kv_cache"]["prefix_hit_rate"]
+        hit_rates[caching] = engine.figures().kv_cache.prefix_hit_rate
         engine.shutdown()
     print(f"{'prefix cache':<14} {'last-turn TTFT (s)':>20} {'hit rate':>10}")
     for caching in (True, False):

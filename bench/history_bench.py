@@ -20,8 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.history import ChatFormat, TokenHistory  # noqa: E402
-from engine.llm.loader import bundled_tokenizer_dir, load_tokenizer  # noqa: E402
+from chat.history import TokenHistory  # noqa: E402
+from engine import ChatFormat  # noqa: E402
+from engine.checkpoints import bundled_tokenizer_dir, load_tokenizer  # noqa: E402
 
 USER = [
     "今天北京天气怎么样？适合出去跑步吗？",
@@ -76,11 +77,11 @@ def main() -> None:
     system = "You are a helpful assistant in a team chat."
     messages = [{"role": "system", "content": system}]
     history = TokenHistory()
-    history.append("system", chat_format.message(tokenizer, "system", system), text=system, turn_index=-1, seq=-1)
+    history.append("system", chat_format.message("system", system), text=system, turn_index=-1, seq=-1)
     for turn in range(args.turns):
         question, answer = rng.choice(USER), rng.choice(ASSISTANT)
         messages += [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-        history.append("user", chat_format.message(tokenizer, "user", question), text=question, turn_index=turn, seq=2 * turn)
+        history.append("user", chat_format.message("user", question), text=question, turn_index=turn, seq=2 * turn)
         reply_body = tokenizer.encode(answer, add_special_tokens=False)
         history.append("assistant", chat_format.reply(reply_body), text=answer, turn_index=turn, seq=2 * turn + 1)
     question = "那明天呢？"
@@ -92,18 +93,18 @@ def main() -> None:
         )
         return list(encoded["input_ids"])
 
-    new_message = chat_format.message(tokenizer, "user", question)
+    new_message = chat_format.message("user", question)
 
     def ours() -> list[int]:
         return history.prompt(new_message, chat_format.generation_prompt)
 
     def ours_with_tokenizing() -> list[int]:
-        return history.prompt(chat_format.message(tokenizer, "user", question), chat_format.generation_prompt)
+        return history.prompt(chat_format.message("user", question), chat_format.generation_prompt)
 
     assert ours() == ours_with_tokenizing()
     # The template re-renders earlier replies without the empty think block the model saw before
     # each of them; apart from that (kept on purpose: it keeps the prefix cache valid) the two agree.
-    think = chat_format.generation_prompt[-4:]  # <think> \n\n </think> \n\n
+    think = list(chat_format.generation_prompt[-4:])  # <think> \n\n </think> \n\n
     assert without_earlier(ours(), think) == naive(), "both ways must build the same prompt"
     naive_ms = median_ms(naive, max(args.repeat // 10, 10))
     ours_ms = median_ms(ours, args.repeat)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
-from engine.chat_manager import ChatManager, Conversation
+from chat import ChatManager, Conversation
 
 HELP = """I answer in private chats, and in groups when you @mention me.
 
@@ -51,35 +52,34 @@ class Commands:
         return HELP
 
     async def _reset(self, conversation: Conversation, _: str) -> str:
-        await self._chat_manager.reset(conversation)
+        await self._chat_manager.sessions.reset(conversation)
         return "Started a new conversation."
 
     async def _system(self, conversation: Conversation, prompt: str) -> str:
-        await self._chat_manager.set_system_prompt(conversation, prompt or None)
+        await self._chat_manager.sessions.set_system_prompt(conversation, prompt or None)
         if not prompt:
             return "System prompt cleared; a new conversation starts with the default."
         return "System prompt set; a new conversation starts with it."
 
     async def _stats(self, conversation: Conversation, _: str) -> str:
-        figures = self._chat_manager.stats()
+        figures = self._chat_manager.figures()
         sections = {
-            "This chat": await self._chat_manager.session_stats(conversation),
-            "Cache": figures.get("cache", {}),
-            "Engine": figures.get("engine", {}),
+            "This chat": await self._chat_manager.sessions.overview(conversation),
+            "Cache": figures.cache,
+            "Engine": figures.engine,
         }
-        return "\n\n".join(_format_section(title, values) for title, values in sections.items())
+        return "\n\n".join(_format_section(title, dataclasses.asdict(values)) for title, values in sections.items())
 
 
-def _format_section(title: str, values: object) -> str:
-    if not isinstance(values, Mapping):
-        return f"{title}: {values}"
-    lines = [f"{title}:"]
-    for key, value in values.items():
-        if isinstance(value, Mapping):
-            value = ", ".join(f"{k} {_format_value(v)}" for k, v in value.items())
-        lines.append(f"  {key}: {_format_value(value)}")
-    return "\n".join(lines)
+def _format_section(title: str, values: Mapping[str, object]) -> str:
+    return "\n".join([f"{title}:", *(f"  {key}: {_format_value(value)}" for key, value in values.items())])
 
 
 def _format_value(value: object) -> str:
+    if isinstance(value, Mapping):
+        return ", ".join(f"{key} {_format_nested(item)}" for key, item in value.items())
     return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _format_nested(value: object) -> str:
+    return f"({_format_value(value)})" if isinstance(value, Mapping) else _format_value(value)

@@ -20,7 +20,7 @@ from bot.lanes import ChatLanes
 from bot.policy import EventPolicy, IncomingMessage
 from bot.replies import Replier
 from bot.transport import LongConnection, webhook_router
-from engine.chat_manager import ChatManager, Conversation, InvalidMessage
+from chat import ChatManager, Conversation, InvalidMessage
 from settings import FeishuSettings
 from storage import Database
 

@@ -1,1 +1,31 @@
-"""Everything between "a user said X in chat C" and tokens."""
+"""Our own Qwen3 inference engine: a paged KV pool with prefix caching, continuous batching,
+batched sampling with dynamic top-k, streaming. Imports nothing from the rest of the project.
+
+    from engine import LLMEngine, SamplingParams
+"""
+
+from typing import TYPE_CHECKING
+
+from .chat_format import ChatFormat
+from .config import EngineConfig
+from .metrics import EngineFigures
+from .outputs import FinishReason, RequestOutput, StreamDelta
+from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .llm_engine import LLMEngine
+
+__all__ = [
+    "ChatFormat", "EngineConfig", "EngineFigures", "FinishReason", "LLMEngine", "RequestOutput", "SamplingParams",
+    "StreamDelta",
+]
+
+
+def __getattr__(name: str) -> object:
+    # LLMEngine loads torch, which reads OMP_WAIT_POLICY once, as it loads; the settings take
+    # EngineConfig's defaults before the process is set up, so they must not load it.
+    if name == "LLMEngine":
+        from .llm_engine import LLMEngine
+
+        return LLMEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

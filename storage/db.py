@@ -1,4 +1,4 @@
-"""The database handle: engine with SQLite pragmas, Alembic upgrade at start-up, sessions."""
+"""The database handle: a SQLAlchemy engine with SQLite pragmas, Alembic upgrade at start-up, units of work."""
 
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ class Database:
         self.url = make_url(url)
         if self.url.get_backend_name() == "sqlite" and self.url.database not in (None, "", ":memory:"):
             Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
-        self.engine: Engine = create_engine(self.url, echo=echo)
+        self.sql_engine: Engine = create_engine(self.url, echo=echo)
         if self.url.get_backend_name() == "sqlite":
-            _install_sqlite_pragmas(self.engine, busy_timeout_ms)
-        self._sessionmaker = sessionmaker(self.engine, expire_on_commit=False)
+            _install_sqlite_pragmas(self.sql_engine, busy_timeout_ms)
+        self._sessionmaker = sessionmaker(self.sql_engine, expire_on_commit=False)
 
     def alembic_config(self) -> AlembicConfig:
         config = AlembicConfig()
@@ -34,14 +34,14 @@ class Database:
         return config
 
     def upgrade(self, revision: str = "head") -> None:
-        with self.engine.begin() as connection:
+        with self.sql_engine.begin() as connection:
             config = self.alembic_config()
             config.attributes["connection"] = connection
             command.upgrade(config, revision)
         log.info("database %s at migration %s", self.url.render_as_string(hide_password=True), revision)
 
     def downgrade(self, revision: str) -> None:
-        with self.engine.begin() as connection:
+        with self.sql_engine.begin() as connection:
             config = self.alembic_config()
             config.attributes["connection"] = connection
             command.downgrade(config, revision)
@@ -54,7 +54,7 @@ class Database:
 
     def ping(self) -> bool:
         try:
-            with self.engine.connect() as connection:
+            with self.sql_engine.connect() as connection:
                 connection.execute(text("SELECT 1"))
             return True
         except Exception:  # noqa: BLE001 - readiness reports any failure as "not ready"
@@ -62,7 +62,7 @@ class Database:
             return False
 
     def close(self) -> None:
-        self.engine.dispose()
+        self.sql_engine.dispose()
 
 
 def _install_sqlite_pragmas(engine: Engine, busy_timeout_ms: int) -> None:

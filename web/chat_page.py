@@ -5,7 +5,6 @@ Conversation(channel="web", chat_id=<cookie>), so it survives reloads and restar
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -16,10 +15,10 @@ from fastapi import APIRouter, Cookie, Depends, Request, Response, status
 from fastapi.responses import HTMLResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
-from engine.chat_manager import ChatManager, Conversation, InvalidMessage, Turn
-from storage import Database, MessageRepository, SessionRepository
+from cache.levels import CacheLevel
+from chat import Conversation, InvalidMessage, Turn
 from web.admission import admit
-from web.deps import ChatManagerDep, DatabaseDep, RateLimiterDep, SettingsDep
+from web.deps import ChatManagerDep, RateLimiterDep, SessionsDep, SettingsDep
 from web.errors import WebError, WebErrorRoute
 from web.templating import templates
 
@@ -59,7 +58,7 @@ class History(BaseModel):
 class Badges(BaseModel):
     """What the page shows under a reply."""
 
-    cache_level: Literal["miss", "exact", "semantic", "merged"]
+    cache_level: CacheLevel
     ttft_ms: float
     prompt_tokens: int
     cached_tokens: int
@@ -76,8 +75,9 @@ async def chat_page(request: Request, clawdbot_chat: Annotated[str | None, Cooki
 
 
 @router.get("/chat/api/history")
-async def history(conversation: BrowserConversation, chat_manager: ChatManagerDep, db: DatabaseDep) -> History:
-    return await asyncio.to_thread(_history, chat_manager, db, conversation)
+async def history(conversation: BrowserConversation, sessions: SessionsDep) -> History:
+    messages = await sessions.visible_messages(conversation)
+    return History(messages=[ChatLine(role=role, text=text) for role, text in messages])  # type: ignore[arg-type]
 
 
 @router.post("/chat/api/messages", dependencies=[Depends(admit)])
@@ -98,8 +98,8 @@ async def send_message(
 
 
 @router.post("/chat/api/reset", status_code=status.HTTP_204_NO_CONTENT)
-async def new_session(conversation: BrowserConversation, chat_manager: ChatManagerDep) -> Response:
-    await chat_manager.reset(conversation)
+async def new_session(conversation: BrowserConversation, sessions: SessionsDep) -> Response:
+    await sessions.reset(conversation)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -114,7 +114,7 @@ async def _events(turn: Turn) -> AsyncIterator[str]:
     result = turn.result
     assert result is not None
     badges = Badges(
-        cache_level=result.cache_level or "miss",
+        cache_level=result.cache_level,
         ttft_ms=result.ttft_s * 1000,
         prompt_tokens=result.prompt_tokens,
         cached_tokens=result.cached_tokens,
@@ -127,11 +127,3 @@ async def _events(turn: Turn) -> AsyncIterator[str]:
 def _event(name: str, data: dict[str, object]) -> str:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
-
-def _history(chat_manager: ChatManager, db: Database, conversation: Conversation) -> History:
-    with db.session() as session:
-        row = SessionRepository(session).active(chat_manager.session_key(conversation))
-        messages = MessageRepository(session).of_session(row.id) if row is not None else []
-        return History(
-            messages=[ChatLine(role=m.role, text=m.text) for m in messages if m.role in ("user", "assistant")]
-        )

@@ -6,41 +6,45 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from engine.chat_manager import ChatManager
+from chat import ChatManager, SessionStore
 from settings import Settings
-from storage import Database
 from web.limits import RateLimiter
-from web.telemetry import Telemetry
 from web.monitor import Monitor
+from web.telemetry import Telemetry
 
 
 def _chat_manager(request: Request) -> ChatManager:
-    return request.app.state.chat_manager
+    chat_manager: ChatManager = request.app.state.chat_manager
+    return chat_manager
+
+
+def _sessions(request: Request) -> SessionStore:
+    return _chat_manager(request).sessions
 
 
 def _settings(request: Request) -> Settings:
-    return request.app.state.settings
-
-
-def _db(request: Request) -> Database:
-    return request.app.state.db
+    settings: Settings = request.app.state.settings
+    return settings
 
 
 def _rate_limiter(request: Request) -> RateLimiter:
-    return request.app.state.rate_limiter
+    rate_limiter: RateLimiter = request.app.state.rate_limiter
+    return rate_limiter
 
 
 def _telemetry(request: Request) -> Telemetry:
-    return request.app.state.telemetry
+    telemetry: Telemetry = request.app.state.telemetry
+    return telemetry
 
 
 def _monitor(request: Request) -> Monitor:
-    return request.app.state.monitor
+    monitor: Monitor = request.app.state.monitor
+    return monitor
 
 
 ChatManagerDep = Annotated[ChatManager, Depends(_chat_manager)]
+SessionsDep = Annotated[SessionStore, Depends(_sessions)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
-DatabaseDep = Annotated[Database, Depends(_db)]
 RateLimiterDep = Annotated[RateLimiter, Depends(_rate_limiter)]
 TelemetryDep = Annotated[Telemetry, Depends(_telemetry)]
 MonitorDep = Annotated[Monitor, Depends(_monitor)]

@@ -7,17 +7,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from engine.chat_manager import ChatManager
+from cache.levels import CacheLevel
+from chat import ChatManager
 
-LEVELS = ("exact", "semantic", "merged")
+# The levels whose share of turns the console charts: every way but the model's.
+CHARTED_LEVELS = [level for level in CacheLevel if level is not CacheLevel.MISS]
 
 
 @dataclass(frozen=True)
 class Sample:
     at: float
-    turns: dict[str, int]  # cumulative: total, generated, exact, semantic, merged
+    turns: int  # cumulative
+    turns_by_level: dict[str, int]  # cumulative
     generated_tokens: int
     ttft_p50_ms: float
     ttft_p99_ms: float
@@ -35,19 +37,20 @@ class Monitor:
 
     async def sample(self) -> None:
         """Runs on the event loop (the ChatManager's figures are written there)."""
-        stats: dict[str, Any] = self.chat_manager.stats()
-        turns, engine = stats["turns"], stats["engine"]
+        figures = self.chat_manager.figures()
+        turns, engine = figures.turns, figures.engine
         self._samples.append(
             Sample(
                 at=self._clock(),
-                turns={key: turns[key] for key in ("total", "generated", *LEVELS)},
-                generated_tokens=engine["totals"]["generated_tokens"],
-                ttft_p50_ms=turns["ttft_p50_ms"],
-                ttft_p99_ms=turns["ttft_p99_ms"],
-                batch_size=engine["batch_size"]["mean"],
-                kv_usage=engine["kv_cache"]["usage"],
-                prefix_hit_rate=engine["kv_cache"]["prefix_hit_rate"],
-                cache_entries=stats["cache"]["entries"],
+                turns=turns.total,
+                turns_by_level=dict(turns.by_level),
+                generated_tokens=engine.activity.generated_tokens,
+                ttft_p50_ms=turns.ttft_p50_ms,
+                ttft_p99_ms=turns.ttft_p99_ms,
+                batch_size=engine.activity.batch_size.mean,
+                kv_usage=engine.kv_cache.usage,
+                prefix_hit_rate=engine.kv_cache.prefix_hit_rate,
+                cache_entries=figures.cache.entries,
             )
         )
 
@@ -55,22 +58,20 @@ class Monitor:
         """One point per interval between consecutive samples; hit rates are shares of that
         interval's turns (0 when there were none)."""
         samples = list(self._samples)
+        gauges = ("ttft_p50_ms", "ttft_p99_ms", "batch_size", "kv_usage", "prefix_hit_rate", "cache_entries")
         series: dict[str, list[float]] = {
             key: []
-            for key in (
-                "time", "requests_per_s", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "batch_size",
-                "kv_usage", "prefix_hit_rate", "cache_entries", *(f"hit_rate_{level}" for level in LEVELS),
-            )
+            for key in ("time", "requests_per_s", "tokens_per_s", *gauges, *(f"hit_rate_{level}" for level in CHARTED_LEVELS))
         }
         for before, after in zip(samples, samples[1:]):
             seconds = after.at - before.at
-            turns = after.turns["total"] - before.turns["total"]
+            turns = after.turns - before.turns
             series["time"].append(after.at)
             series["requests_per_s"].append(turns / seconds)
             series["tokens_per_s"].append((after.generated_tokens - before.generated_tokens) / seconds)
-            for level in LEVELS:
-                hits = after.turns[level] - before.turns[level]
+            for level in CHARTED_LEVELS:
+                hits = after.turns_by_level[level] - before.turns_by_level[level]
                 series[f"hit_rate_{level}"].append(hits / turns if turns else 0.0)
-            for key in ("ttft_p50_ms", "ttft_p99_ms", "batch_size", "kv_usage", "prefix_hit_rate", "cache_entries"):
+            for key in gauges:
                 series[key].append(getattr(after, key))
         return series

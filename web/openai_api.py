@@ -17,8 +17,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.responses import StreamingResponse
 
-from engine.chat_manager import ChatMessage, InvalidMessage, Transcript, Turn, TurnResult
-from engine.llm import SamplingParams
+from cache.levels import CacheLevel
+from chat import ChatMessage, InvalidMessage, Transcript, Turn, TurnResult
+from engine import SamplingParams
 from settings import LimitsSettings
 from web.admission import admit
 from web.deps import ChatManagerDep, RateLimiterDep, SettingsDep
@@ -65,7 +66,7 @@ router = APIRouter(
 
 @router.get("/models")
 async def list_models(chat_manager: ChatManagerDep) -> ModelList:
-    return ModelList(data=[Model(id=chat_manager.config.model_name, created=0)])
+    return ModelList(data=[Model(id=chat_manager.model_name, created=0)])
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, dependencies=[Depends(admit)])
@@ -78,12 +79,12 @@ async def create_chat_completion(
     rate_limiter: RateLimiterDep,
 ) -> ChatCompletion | StreamingResponse:
     rate_limiter.check(body.user or (request.client.host if request.client else "unknown"))
-    model = chat_manager.config.model_name
+    model = chat_manager.model_name
     if body.model != model:
         raise WebError(404, f"The model '{body.model}' does not exist; this server serves '{model}'.",
                        param="model", code="model_not_found")
-    transcript = _transcript(body.messages, settings.limits, chat_manager.config.system_prompt)
-    params = _sampling(body, chat_manager.config.sampling)
+    transcript = _transcript(body.messages, settings.limits, settings.context.system_prompt)
+    params = _sampling(body, chat_manager.sampling)
     # Independent random samples must not share one generation.
     merge = not (body.temperature and body.seed is None)
     try:
@@ -102,14 +103,18 @@ async def create_chat_completion(
         return StreamingResponse(
             completion.events(turn, deltas, first, include_usage),
             media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "X-Cache-Status": turn.cache_level or "miss"},
+            headers={
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+                "X-Cache-Status": turn.cache_level or CacheLevel.MISS,
+            },
         )
 
     try:
         result = await turn.collect()
     except (ValueError, RuntimeError) as exc:
         raise _turn_failed(exc) from exc
-    response.headers["X-Cache-Status"] = result.cache_level or "miss"
+    response.headers["X-Cache-Status"] = result.cache_level
     return ChatCompletion(
         id=completion.id,
         created=completion.created,

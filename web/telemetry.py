@@ -2,20 +2,20 @@
 token histograms, cache, engine and KV-pool figures.
 
 Counters kept elsewhere (ChatManager, ResponseCache, LLMEngine) are read at scrape time by a
-collector, so they cover every channel, Feishu included. The histograms are observed here, per
-turn served by web/ (the API and the chat page): the ChatManager keeps no per-turn hook."""
+collector; the histograms are filled by a ChatManager turn observer. Both cover every channel,
+Feishu included."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.chat_manager import ChatManager, Conversation, TurnResult
+from cache.levels import CacheLevel
+from chat import ChatManager, Conversation, TurnResult
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TOKEN_BUCKETS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768)
@@ -42,7 +42,7 @@ class Telemetry:
 
     def observe_turn(self, conversation: Conversation, result: TurnResult) -> None:
         """A ChatManager turn observer: every channel's turns land in the histograms."""
-        self.ttft.labels(conversation.channel, result.cache_level or "miss").observe(result.ttft_s)
+        self.ttft.labels(conversation.channel, result.cache_level).observe(result.ttft_s)
         for kind, count in (
             ("prompt", result.prompt_tokens),
             ("cached", result.cached_tokens),
@@ -59,40 +59,44 @@ class ChatManagerCollector(Collector):
         self.chat_manager = chat_manager
 
     def collect(self) -> Iterator[Metric]:
-        stats: dict[str, Any] = self.chat_manager.stats()
-        turns, cache, engine = stats["turns"], stats["cache"], stats["engine"]
-        kv = engine["kv_cache"]
+        figures = self.chat_manager.figures()
+        turns, cache, engine = figures.turns, figures.cache, figures.engine
+        kv = engine.kv_cache
 
         by_level = CounterMetricFamily("clawdbot_turns", "turns answered, by how", labels=["cache_level"])
-        for level in ("generated", "exact", "semantic", "merged"):
-            by_level.add_metric([level], turns[level])
+        for level, count in turns.by_level.items():
+            by_level.add_metric([level], count)
         yield by_level
-        yield CounterMetricFamily("clawdbot_compressions", "history compressions", value=turns["compressions"])
+        yield CounterMetricFamily("clawdbot_compressions", "history compressions", value=turns.compressions)
 
         lookups = CounterMetricFamily("clawdbot_cache_lookups", "response-cache lookups, by result", labels=["result"])
-        for result, key in (("exact", "hits_exact"), ("semantic", "hits_semantic"), ("miss", "misses")):
-            lookups.add_metric([result], cache[key])
+        for level, count in (
+            (CacheLevel.EXACT, cache.hits_exact), (CacheLevel.SEMANTIC, cache.hits_semantic), (CacheLevel.MISS, cache.misses)
+        ):
+            lookups.add_metric([level], count)
         yield lookups
-        yield GaugeMetricFamily("clawdbot_cache_entries", "response-cache entries", value=cache["entries"])
-        yield CounterMetricFamily("clawdbot_cache_evictions", "entries evicted for capacity", value=cache["evictions"])
-        yield CounterMetricFamily("clawdbot_cache_skipped_pii", "lookups skipped for PII", value=cache["skipped_pii"])
+        yield GaugeMetricFamily("clawdbot_cache_entries", "response-cache entries", value=cache.entries)
+        yield CounterMetricFamily("clawdbot_cache_evictions", "entries evicted for capacity", value=cache.evictions)
+        yield CounterMetricFamily("clawdbot_cache_skipped_pii", "lookups skipped for PII", value=cache.skipped_pii)
 
         requests = GaugeMetricFamily("clawdbot_engine_requests", "engine requests, by state", labels=["state"])
-        requests.add_metric(["running"], engine["requests"]["running"])
-        requests.add_metric(["waiting"], engine["requests"]["waiting"])
+        requests.add_metric(["running"], engine.requests.running)
+        requests.add_metric(["waiting"], engine.requests.waiting)
         yield requests
         yield CounterMetricFamily(
-            "clawdbot_engine_generated_tokens", "tokens generated", value=engine["totals"]["generated_tokens"]
+            "clawdbot_engine_generated_tokens", "tokens generated", value=engine.activity.generated_tokens
         )
-        yield GaugeMetricFamily("clawdbot_engine_batch_size", "mean sequences per step, last minute",
-                                value=engine["batch_size"]["mean"])
-        yield GaugeMetricFamily("clawdbot_kv_pool_usage_ratio", "share of KV blocks in use", value=kv["usage"])
+        yield GaugeMetricFamily(
+            "clawdbot_engine_batch_size", "mean sequences per step, last minute", value=engine.activity.batch_size.mean
+        )
+        yield GaugeMetricFamily("clawdbot_kv_pool_usage_ratio", "share of KV blocks in use", value=kv.usage)
         blocks = GaugeMetricFamily("clawdbot_kv_pool_blocks", "KV blocks, by state", labels=["state"])
-        for state in ("used", "free", "cached"):
-            blocks.add_metric([state], kv[f"blocks_{state}"])
+        for state, count in (("used", kv.blocks_used), ("free", kv.blocks_free), ("cached", kv.blocks_cached)):
+            blocks.add_metric([state], count)
         yield blocks
-        yield GaugeMetricFamily("clawdbot_prefix_cache_hit_ratio", "prompt tokens found in the prefix cache",
-                                value=kv["prefix_hit_rate"])
+        yield GaugeMetricFamily(
+            "clawdbot_prefix_cache_hit_ratio", "prompt tokens found in the prefix cache", value=kv.prefix_hit_rate
+        )
 
 
 class RequestMetrics:

@@ -15,7 +15,7 @@ from typing import Any
 import uvicorn
 from sqlalchemy import select
 
-from app import build_app
+from wiring import build_app
 from fakes.feishu import FakeFeishu, SentMessage, wait_for
 from settings import Settings
 from storage import Database, Message

@@ -3,8 +3,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.cache.__main__ import main
-from engine.cache.calibration import LabelledPair, Point, curve, load_pairs, lowest_threshold, recommended_threshold
+from cache.__main__ import main
+from cache.calibration import LabelledPair, Point, curve, load_pairs, lowest_threshold, recommended_threshold
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 

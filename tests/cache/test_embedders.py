@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from engine.embeddings import Embedder
+from cache.embeddings import Embedder
 
 
-@pytest.mark.parametrize("name", ["e5", "minilm"])
+@pytest.mark.parametrize("name", ["embedder", "minilm"])
 def test_batched_normalized_float32(name: str, request: pytest.FixtureRequest) -> None:
     embedder: Embedder = request.getfixturevalue(name)
     texts = ["How do I reset my password?", "How can I reset my password", "What is the capital of France?"]
@@ -15,6 +15,6 @@ def test_batched_normalized_float32(name: str, request: pytest.FixtureRequest) -
     assert embedder.encode([]).shape == (0, embedder.dim)
 
 
-def test_e5_separates_chinese_paraphrases_from_unrelated_questions(e5: Embedder) -> None:
-    a, paraphrase, unrelated = e5.encode(["如何重置密码", "密码怎么重置", "今天股市怎么样"])
+def test_e5_separates_chinese_paraphrases_from_unrelated_questions(embedder: Embedder) -> None:
+    a, paraphrase, unrelated = embedder.encode(["如何重置密码", "密码怎么重置", "今天股市怎么样"])
     assert a @ paraphrase > 0.93 > 0.86 > a @ unrelated

@@ -2,7 +2,7 @@ import logging
 
 import pytest
 
-from engine.pii import ScrubFilter, contains_pii, find_pii, id_card_valid, luhn_valid, scrub
+from cache.pii import ScrubFilter, contains_pii, find_pii, id_card_valid, luhn_valid, scrub
 
 VALID_ID = "11010519491231002X"
 VALID_CARD = "6222 0212 3456 7894"  # Luhn-valid

@@ -1,71 +1,64 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import pytest
 
-from engine.cache import CacheConfig, ResponseCache, scope_key
-from engine.embeddings import Embedder
+from cache.embeddings import Embedder
+from cache.keys import scope_key
+from cache.levels import CacheLevel
+from cache.response_cache import ResponseCache
+from settings import CacheSettings
 from storage import CacheRepository, Database
-
-if TYPE_CHECKING:
-    from tests.cache.conftest import Clock
+from support import Clock
 
 SHARED = scope_key("qwen3-0.6b", "You are a helpful assistant.")
-CONFIG = CacheConfig(capacity=100, ttl_s=3600, evict_fraction=0.01)
-
+SETTINGS = CacheSettings(capacity=100, ttl_s=3600, evict_fraction=0.01)
 
 
 def make_cache(embedder: Embedder, clock: Clock, db: Database | None = None, **overrides: object) -> ResponseCache:
-    return ResponseCache(replace(CONFIG, **overrides), embedder, db, clock=clock)
+    return ResponseCache(CacheSettings.model_validate(SETTINGS.model_dump() | overrides), embedder, db, clock=clock)
 
 
-@pytest.mark.asyncio
-async def test_l1_hit_on_the_normalized_question(e5: Embedder, clock: Clock) -> None:
-    cache = make_cache(e5, clock)
+async def test_l1_hit_on_the_normalized_question(embedder: Embedder, clock: Clock) -> None:
+    cache = make_cache(embedder, clock)
     assert await cache.store(SHARED, "北京明天天气怎么样？", "晴，25 度。")
     hit = await cache.lookup(SHARED, "  北京明天天气怎么样 ")
-    assert hit is not None and hit.level == "exact" and hit.answer == "晴，25 度。"
-    assert cache.stats()["hits_exact"] == 1
+    assert hit is not None and hit.level is CacheLevel.EXACT and hit.answer == "晴，25 度。"
+    assert cache.figures().hits_exact == 1
 
 
-@pytest.mark.asyncio
-async def test_l2_hit_on_a_paraphrase(e5: Embedder, clock: Clock) -> None:
-    cache = make_cache(e5, clock)
+async def test_l2_hit_on_a_paraphrase(embedder: Embedder, clock: Clock) -> None:
+    cache = make_cache(embedder, clock)
     await cache.store(SHARED, "如何重置密码", "在设置页点「忘记密码」。")
     hit = await cache.lookup(SHARED, "密码怎么重置？")
-    assert hit is not None and hit.level == "semantic"
+    assert hit is not None and hit.level is CacheLevel.SEMANTIC
     assert hit.similarity >= cache.threshold and hit.answer == "在设置页点「忘记密码」。"
 
 
-@pytest.mark.asyncio
-async def test_hard_negative_above_the_threshold_is_rejected_by_verification(e5: Embedder, clock: Clock) -> None:
-    cache = make_cache(e5, clock)
+async def test_hard_negative_above_the_threshold_is_rejected_by_verification(embedder: Embedder, clock: Clock) -> None:
+    cache = make_cache(embedder, clock)
     await cache.store(SHARED, "北京明天天气怎么样", "北京：晴。")
     assert await cache.lookup(SHARED, "上海明天天气怎么样") is None
-    assert cache.stats()["rejected_verify"] == 1
+    assert cache.figures().rejected_verify == 1
 
 
-@pytest.mark.asyncio
-async def test_judge_has_the_last_word(e5: Embedder, clock: Clock) -> None:
+async def test_judge_has_the_last_word(embedder: Embedder, clock: Clock) -> None:
     asked: list[tuple[str, str]] = []
 
     async def judge(question_a: str, question_b: str) -> bool:
         asked.append((question_a, question_b))
         return False
 
-    cache = make_cache(e5, clock)
+    cache = make_cache(embedder, clock)
     cache.judge = judge
     await cache.store(SHARED, "如何重置密码", "在设置页点「忘记密码」。")
     assert await cache.lookup(SHARED, "密码怎么重置？") is None
     assert asked == [("密码怎么重置？", "如何重置密码")]
 
 
-@pytest.mark.asyncio
-async def test_follow_up_never_hits_across_contexts(e5: Embedder, clock: Clock) -> None:
-    cache = make_cache(e5, clock)
+async def test_follow_up_never_hits_across_contexts(embedder: Embedder, clock: Clock) -> None:
+    cache = make_cache(embedder, clock)
     about_einstein = scope_key("qwen3-0.6b", "You are a helpful assistant.", [101, 102, 103])
     about_curie = scope_key("qwen3-0.6b", "You are a helpful assistant.", [101, 102, 104])
     assert not about_einstein.shared and SHARED.shared
@@ -77,41 +70,37 @@ async def test_follow_up_never_hits_across_contexts(e5: Embedder, clock: Clock) 
     assert hit is not None and hit.answer == "Einstein died at 76."
 
 
-@pytest.mark.asyncio
-async def test_pii_request_is_neither_served_nor_cached(e5: Embedder, clock: Clock) -> None:
-    cache = make_cache(e5, clock)
+async def test_pii_request_is_neither_served_nor_cached(embedder: Embedder, clock: Clock) -> None:
+    cache = make_cache(embedder, clock)
     question = "我的手机号13812345678为什么收不到验证码"
     assert await cache.lookup(SHARED, question) is None
     assert not await cache.store(SHARED, question, "请检查短信拦截。")
-    assert cache.stats()["skipped_pii"] == 1 and cache.stats()["entries"] == 0
+    assert cache.figures().skipped_pii == 1 and cache.figures().entries == 0
 
 
-@pytest.mark.asyncio
-async def test_answers_are_scrubbed_before_they_are_stored(e5: Embedder, clock: Clock) -> None:
-    cache = make_cache(e5, clock)
+async def test_answers_are_scrubbed_before_they_are_stored(embedder: Embedder, clock: Clock) -> None:
+    cache = make_cache(embedder, clock)
     await cache.store(SHARED, "客服怎么联系", "请拨打 13812345678 或写信到 help@example.com。")
     hit = await cache.lookup(SHARED, "客服怎么联系")
     assert hit is not None and hit.answer == "请拨打 [PHONE] 或写信到 [EMAIL]。"
 
 
-@pytest.mark.asyncio
-async def test_eviction_keeps_the_used_entries(e5: Embedder, clock: Clock) -> None:
-    cache = make_cache(e5, clock, capacity=3)
+async def test_eviction_keeps_the_used_entries(embedder: Embedder, clock: Clock) -> None:
+    cache = make_cache(embedder, clock, capacity=3)
     for question in ("What is Docker?", "What is Kubernetes?", "What is Terraform?"):
         await cache.store(SHARED, question, f"answer: {question}")
         clock.advance(10)
     for question in ("What is Docker?", "What is Docker?", "What is Terraform?"):
         assert await cache.lookup(SHARED, question) is not None
     await cache.store(SHARED, "What is Ansible?", "answer: Ansible")
-    assert {e.question for e in cache.entries()} == {"What is Docker?", "What is Terraform?", "What is Ansible?"}
+    assert {e.question for e in await cache.entries()} == {"What is Docker?", "What is Terraform?", "What is Ansible?"}
     await cache.store(SHARED, "What is Helm?", "answer: Helm")
-    assert {e.question for e in cache.entries()} == {"What is Docker?", "What is Terraform?", "What is Helm?"}
-    assert cache.stats()["evictions"] == 2
+    assert {e.question for e in await cache.entries()} == {"What is Docker?", "What is Terraform?", "What is Helm?"}
+    assert cache.figures().evictions == 2
 
 
-@pytest.mark.asyncio
-async def test_lru_policy_evicts_the_least_recently_used(e5: Embedder, clock: Clock) -> None:
-    cache = make_cache(e5, clock, capacity=2, policy="lru")
+async def test_lru_policy_evicts_the_least_recently_used(embedder: Embedder, clock: Clock) -> None:
+    cache = make_cache(embedder, clock, capacity=2, policy="lru")
     await cache.store(SHARED, "What is Docker?", "d")
     clock.advance(1)
     await cache.store(SHARED, "What is Kubernetes?", "k")
@@ -119,62 +108,57 @@ async def test_lru_policy_evicts_the_least_recently_used(e5: Embedder, clock: Cl
     await cache.lookup(SHARED, "What is Docker?")
     clock.advance(1)
     await cache.store(SHARED, "What is Helm?", "h")
-    assert {e.question for e in cache.entries()} == {"What is Docker?", "What is Helm?"}
+    assert {e.question for e in await cache.entries()} == {"What is Docker?", "What is Helm?"}
 
 
-@pytest.mark.asyncio
-async def test_ttl_expiry(e5: Embedder, clock: Clock) -> None:
-    cache = make_cache(e5, clock, ttl_s=60)
+async def test_ttl_expiry(embedder: Embedder, clock: Clock) -> None:
+    cache = make_cache(embedder, clock, ttl_s=60)
     await cache.store(SHARED, "What is Docker?", "d")
     clock.advance(59)
     assert await cache.lookup(SHARED, "What is Docker?") is not None
     clock.advance(2)
     assert await cache.lookup(SHARED, "What is Docker?") is None
-    assert cache.purge_expired() == 1 and cache.stats()["entries"] == 0
+    assert await cache.purge_expired() == 1 and cache.figures().entries == 0
 
 
-@pytest.mark.asyncio
-async def test_restart_keeps_entries(e5: Embedder, clock: Clock, db: Database) -> None:
-    cache = make_cache(e5, clock, db)
+async def test_restart_keeps_entries(embedder: Embedder, clock: Clock, db: Database) -> None:
+    cache = make_cache(embedder, clock, db)
     await cache.store(SHARED, "如何重置密码", "在设置页点「忘记密码」。")
     await cache.store(SHARED, "What is Docker?", "A container runtime.")
     assert await cache.lookup(SHARED, "What is Docker?") is not None
 
-    restarted = make_cache(e5, clock, db)
-    assert restarted.load() == 2
+    restarted = make_cache(embedder, clock, db)
+    assert await restarted.load() == 2
     exact = await restarted.lookup(SHARED, "What is Docker?")
     semantic = await restarted.lookup(SHARED, "密码怎么重置？")
-    assert exact is not None and exact.level == "exact"
-    assert semantic is not None and semantic.level == "semantic"
-    assert {e.question: e.hits for e in restarted.entries()} == {"What is Docker?": 2, "如何重置密码": 1}
+    assert exact is not None and exact.level is CacheLevel.EXACT
+    assert semantic is not None and semantic.level is CacheLevel.SEMANTIC
+    assert {e.question: e.hits for e in await restarted.entries()} == {"What is Docker?": 2, "如何重置密码": 1}
 
 
-@pytest.mark.asyncio
-async def test_load_drops_rows_of_another_embedder_and_expired_rows(e5: Embedder, minilm: Embedder, clock: Clock, db: Database) -> None:
+async def test_load_drops_rows_of_another_embedder_and_expired_rows(embedder: Embedder, minilm: Embedder, clock: Clock, db: Database) -> None:
     await make_cache(minilm, clock, db).store(SHARED, "What is Docker?", "A container runtime.")
-    assert make_cache(e5, clock, db).load() == 0
-    await make_cache(e5, clock, db, ttl_s=10).store(SHARED, "What is Docker?", "A container runtime.")
+    assert await make_cache(embedder, clock, db).load() == 0
+    await make_cache(embedder, clock, db, ttl_s=10).store(SHARED, "What is Docker?", "A container runtime.")
     clock.advance(11)
-    assert make_cache(e5, clock, db, ttl_s=10).load() == 0
+    assert await make_cache(embedder, clock, db, ttl_s=10).load() == 0
     with db.session() as session:
         assert CacheRepository(session).all() == []
 
 
-@pytest.mark.asyncio
-async def test_delete_flush_and_admin_listing(e5: Embedder, clock: Clock, db: Database) -> None:
-    cache = make_cache(e5, clock, db)
+async def test_delete_flush_and_admin_listing(embedder: Embedder, clock: Clock, db: Database) -> None:
+    cache = make_cache(embedder, clock, db)
     await cache.store(SHARED, "What is Docker?", "d")
     await cache.store(SHARED, "What is Helm?", "h")
-    [docker] = cache.entries("docker")
-    assert cache.delete(docker.id) and not cache.delete(docker.id)
+    [docker] = await cache.entries("docker")
+    assert await cache.delete(docker.id) and not await cache.delete(docker.id)
     assert await cache.lookup(SHARED, "What is Docker?") is None
-    assert cache.flush() == 1 and cache.entries() == []
-    assert make_cache(e5, clock, db).load() == 0
+    assert await cache.flush() == 1 and await cache.entries() == []
+    assert await make_cache(embedder, clock, db).load() == 0
 
 
-@pytest.mark.asyncio
-async def test_stats_and_the_event_loop_stays_free(e5: Embedder, clock: Clock) -> None:
-    cache = make_cache(e5, clock)
+async def test_figures_and_the_event_loop_stays_free(embedder: Embedder, clock: Clock) -> None:
+    cache = make_cache(embedder, clock)
     await cache.store(SHARED, "What is Docker?", "d")
     ticks = 0
 
@@ -187,19 +171,18 @@ async def test_stats_and_the_event_loop_stays_free(e5: Embedder, clock: Clock) -
     task = asyncio.create_task(ticker())
     await asyncio.gather(*(cache.lookup(SHARED, q) for q in ("What is Docker?", "What is Rust?", "Explain Docker")))
     task.cancel()
-    stats = cache.stats()
-    assert stats["hits_exact"] == 1 and stats["hits_exact"] + stats["hits_semantic"] + stats["misses"] == 3
-    assert 0 < stats["lookup_ms_p50"] <= stats["lookup_ms_p99"]
+    figures = cache.figures()
+    assert figures.hits_exact == 1 and figures.hits_exact + figures.hits_semantic + figures.misses == 3
+    assert 0 < figures.lookup_ms_p50 <= figures.lookup_ms_p99
     assert ticks > 5  # embedding ran in a thread while the loop kept ticking
 
 
-@pytest.mark.asyncio
-async def test_disabled_cache_does_nothing(e5: Embedder, clock: Clock) -> None:
-    cache = make_cache(e5, clock, enabled=False)
+async def test_disabled_cache_does_nothing(embedder: Embedder, clock: Clock) -> None:
+    cache = make_cache(embedder, clock, enabled=False)
     assert not await cache.store(SHARED, "What is Docker?", "d")
     assert await cache.lookup(SHARED, "What is Docker?") is None
 
 
-def test_unknown_embedder_needs_a_calibrated_threshold(e5: Embedder) -> None:
+def test_unknown_embedder_needs_a_calibrated_threshold(embedder: Embedder) -> None:
     with pytest.raises(ValueError, match="calibrate"):
-        ResponseCache(CacheConfig(thresholds={}), e5)
+        ResponseCache(CacheSettings(thresholds={}), embedder)

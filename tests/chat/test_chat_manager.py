@@ -3,27 +3,27 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import pytest
 from sqlalchemy import text as sql
+from transformers import PreTrainedTokenizerBase
 
-from chat_support import ManagerFactory, small_context
-from engine.chat_manager import ChatMessage, Conversation, InvalidMessage, Transcript, _Reply
-from engine.llm import SamplingParams, StreamDelta
+from cache.levels import CacheLevel
+from chat import ChatManager, ChatMessage, Conversation, InvalidMessage, Transcript
+from chat.reply import Reply
+from chat_support import GREEDY, ManagerFactory, ask, session_of, small_context
+from engine import StreamDelta
 from storage import Database, Message, MessageRepository, SessionRepository
 
 ALICE = Conversation(channel="web", chat_id="alice")
 BOB = Conversation(channel="web", chat_id="bob")
 
 
-async def ask(manager, conversation: Conversation, text: str):  # type: ignore[no-untyped-def]
-    return await manager.turn(conversation, text).collect()
-
-
 async def test_prompt_is_append_only_and_the_prefix_cache_hits(managers: ManagerFactory) -> None:
-    manager = managers()
+    manager = await managers()
     first = await ask(manager, ALICE, "What is a paged KV cache?")
-    state = manager._sessions[manager.session_key(ALICE)]
+    state = session_of(manager, ALICE)
     after_first = state.history.token_ids.copy()
     second = await ask(manager, ALICE, "And why does prefix caching help multi-turn chat?")
     after_second = state.history.token_ids
@@ -36,13 +36,13 @@ async def test_prompt_is_append_only_and_the_prefix_cache_hits(managers: Manager
 
 
 async def test_restart_restores_identical_ids(managers: ManagerFactory) -> None:
-    manager = managers()
+    manager = await managers()
     for question in ("Hello there", "你好，请介绍一下你自己", "Thanks!"):
         await ask(manager, ALICE, question)
-    before = manager._sessions[manager.session_key(ALICE)].history
+    before = session_of(manager, ALICE).history
 
-    restarted = managers()
-    state = await restarted._session(ALICE)
+    restarted = await managers()
+    state = await restarted.sessions.open(ALICE)
     assert state.history.token_ids == before.token_ids
     assert [(r.role, r.seq, r.turn_index, r.text) for r in state.history.records] == [
         (r.role, r.seq, r.turn_index, r.text) for r in before.records
@@ -55,7 +55,7 @@ async def test_restart_restores_identical_ids(managers: ManagerFactory) -> None:
 async def test_turns_of_one_session_run_in_order_and_sessions_run_concurrently(
     managers: ManagerFactory, db: Database
 ) -> None:
-    manager = managers()
+    manager = await managers()
     spans: dict[str, list[tuple[float, float]]] = {"alice": [], "bob": []}
 
     async def timed(conversation: Conversation, question: str) -> None:
@@ -68,7 +68,8 @@ async def test_turns_of_one_session_run_in_order_and_sessions_run_concurrently(
     await asyncio.gather(*(timed(ALICE, q) for q in questions), *(timed(BOB, q) for q in questions[:2]))
 
     with db.session() as session:
-        alice = SessionRepository(session).active(manager.session_key(ALICE))
+        alice = SessionRepository(session).active(manager.sessions.key(ALICE))
+        assert alice is not None
         messages = MessageRepository(session).of_session(alice.id)
         assert [m.text for m in messages if m.role == "user"] == questions
         assert [m.role for m in messages] == ["user", "assistant"] * 5
@@ -79,7 +80,7 @@ async def test_turns_of_one_session_run_in_order_and_sessions_run_concurrently(
 
 @pytest.mark.parametrize("text", ["", "   \n\t ", "x" * 9001])
 async def test_bad_input_is_refused_and_nothing_is_stored(managers: ManagerFactory, db: Database, text: str) -> None:
-    manager = managers(max_message_chars=9000)
+    manager = await managers(max_message_chars=9000)
     with pytest.raises(InvalidMessage) as excinfo:
         manager.turn(ALICE, text)
     assert "empty" in str(excinfo.value) or "too long" in str(excinfo.value)
@@ -89,11 +90,11 @@ async def test_bad_input_is_refused_and_nothing_is_stored(managers: ManagerFacto
 
 
 async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers: ManagerFactory, db: Database) -> None:
-    manager = managers()
+    manager = await managers()
     await ask(manager, ALICE, "first question")
-    state = manager._sessions[manager.session_key(ALICE)]
+    state = session_of(manager, ALICE)
     before = state.history.token_ids
-    with db.engine.begin() as connection:  # the user message is written, then the reply's insert fails
+    with db.sql_engine.begin() as connection:  # the user message is written, then the reply's insert fails
         connection.execute(sql(
             "CREATE TRIGGER fail_reply BEFORE INSERT ON messages WHEN NEW.role = 'assistant' "
             "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
@@ -106,39 +107,41 @@ async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers:
         assert session.query(Message).count() == 2
     assert state.history.token_ids == before
 
-    with db.engine.begin() as connection:
+    with db.sql_engine.begin() as connection:
         connection.execute(sql("DROP TRIGGER fail_reply"))
     result = await ask(manager, ALICE, "second question")
     assert result.session_id == state.id
     assert state.next_turn == 2
-    assert managers()._sessions == {}  # and a restart agrees with what is in memory
-    restored = await managers()._session(ALICE)
+    restarted = await managers()  # and a restart agrees with what is in memory
+    assert restarted.sessions.loaded(ALICE) is None
+    restored = await restarted.sessions.open(ALICE)
     assert restored.history.token_ids == state.history.token_ids
 
 
 async def test_reset_starts_a_new_session_and_keeps_the_old_one(managers: ManagerFactory, db: Database) -> None:
-    manager = managers()
+    manager = await managers()
     old = await ask(manager, ALICE, "remember this")
-    await manager.reset(ALICE)
+    await manager.sessions.reset(ALICE)
     new = await ask(manager, ALICE, "a fresh start")
     assert new.session_id != old.session_id
-    stats = await manager.session_stats(ALICE)
-    assert stats["session_id"] == new.session_id and stats["turns"] == 1
+    overview = await manager.sessions.overview(ALICE)
+    assert overview.session_id == new.session_id and overview.turns == 1
     with db.session() as session:
-        assert SessionRepository(session).get(old.session_id).state == "closed"
+        closed = SessionRepository(session).get(old.session_id)
+        assert closed is not None and closed.state == "closed"
         assert len(MessageRepository(session).of_session(old.session_id)) == 2
 
 
 async def test_system_prompt_is_per_chat_and_persisted(managers: ManagerFactory) -> None:
-    manager = managers()
+    manager = await managers()
     await ask(manager, ALICE, "hi")
-    await manager.set_system_prompt(ALICE, "Answer like a pirate.")
+    await manager.sessions.set_system_prompt(ALICE, "Answer like a pirate.")
     await ask(manager, ALICE, "hi again")
-    assert (await manager._session(ALICE)).system_prompt == "Answer like a pirate."
-    assert (await manager._session(BOB)).system_prompt == "You are a test bot."
-    restarted = managers()
-    await restarted.reset(ALICE)
-    assert (await restarted._session(ALICE)).system_prompt == "Answer like a pirate."
+    assert (await manager.sessions.open(ALICE)).system_prompt == "Answer like a pirate."
+    assert (await manager.sessions.open(BOB)).system_prompt == "You are a test bot."
+    restarted = await managers()
+    await restarted.sessions.reset(ALICE)
+    assert (await restarted.sessions.open(ALICE)).system_prompt == "Answer like a pirate."
 
 
 UNRELATED = [
@@ -154,22 +157,32 @@ UNRELATED = [
     "How do vaccines work?",
     "What's the difference between TCP and UDP?",
     "Suggest a name for a coffee shop.",
+    "How do I make cold brew at home?",
+    "What is the tallest mountain in Africa?",
+    "Explain what a hash table is.",
+    "Which planets have rings?",
+    "How long should I boil an egg?",
+    "What does a product manager do?",
+    "Why do cats purr?",
+    "How does compound interest work?",
+    "What is the difference between a virus and a bacterium?",
+    "Suggest a board game for four players.",
 ]
 
 
 async def test_compression_keeps_the_relevant_fact_and_summarizes_the_rest(managers: ManagerFactory) -> None:
-    manager = managers()
+    manager = await managers()
     fact = "Please remember: my dog is called Bruno and he is a beagle."
     await ask(manager, ALICE, fact)
     for question in UNRELATED:
         await ask(manager, ALICE, question)
     # Restart with a budget the next question just overflows, so that question drives the compression.
-    context_tokens = manager._sessions[manager.session_key(ALICE)].history.num_tokens
+    context_tokens = session_of(manager, ALICE).history.num_tokens
     context = small_context(max_prompt_tokens=context_tokens + 10)
-    manager = managers(compression=context)
+    manager = await managers(context=context)
     result = await ask(manager, ALICE, "What is the name of my dog?")
 
-    state = manager._sessions[manager.session_key(ALICE)]
+    state = session_of(manager, ALICE)
     records = state.history.records
     texts = [record.text for record in records]
     assert result.compressed and state.compressions == 1
@@ -183,21 +196,22 @@ async def test_compression_keeps_the_relevant_fact_and_summarizes_the_rest(manag
     # The compressed context is the new stable prefix: the next turn reuses it, and so does a restart.
     following = await ask(manager, ALICE, "Thanks")
     assert not following.compressed and following.cached_tokens > 0
-    restored = await managers(compression=context)._session(ALICE)
+    restored = await (await managers(context=context)).sessions.open(ALICE)
     assert restored.history.token_ids == state.history.token_ids
 
 
 async def test_budget_is_honoured_on_every_turn(managers: ManagerFactory) -> None:
     context = small_context(max_prompt_tokens=512, keep_last_turns=1)
-    manager = managers(compression=context)
+    manager = await managers(context=context)
     for index in range(14):
         result = await ask(manager, BOB, f"Message {index}: " + "lorem ipsum dolor sit amet " * 4)
         assert result.prompt_tokens <= context.max_prompt_tokens
-    assert manager._sessions[manager.session_key(BOB)].compressions >= 1
+    assert session_of(manager, BOB).compressions >= 1
+    await manager.close()
 
 
 async def test_a_full_transcript_continues_its_session_from_stored_ids(managers: ManagerFactory, db: Database) -> None:
-    manager = managers()
+    manager = await managers()
     system = "You answer in one sentence."
     first = await manager.turn_for_transcript(Transcript(system, (ChatMessage("user", "What is Rust?"),))).collect()
     follow_up = Transcript(
@@ -230,93 +244,117 @@ async def test_a_full_transcript_continues_its_session_from_stored_ids(managers:
     ],
 )
 async def test_malformed_transcripts_are_refused(managers: ManagerFactory, messages: tuple[ChatMessage, ...]) -> None:
+    manager = await managers()
     with pytest.raises(InvalidMessage):
-        managers().turn_for_transcript(Transcript("", messages))
+        manager.turn_for_transcript(Transcript("", messages))
 
 
 async def test_cache_hits_across_chats_and_the_model_judges_semantic_candidates(managers: ManagerFactory) -> None:
-    manager = managers(cache=True)
+    manager = await managers(cache=True, judge=True)
     await ask(manager, ALICE, "How do I reset my password?")
     exact = await ask(manager, BOB, "how do I reset my password")
-    assert exact.cache_level == "exact"
-    assert manager.stats()["turns"]["exact"] == 1
+    assert exact.cache_level is CacheLevel.EXACT
+    assert manager.figures().turns.by_level["exact"] == 1
 
     # The demo model never answers "yes", so with it as the judge no semantic candidate passes.
-    manager.cache.judge = manager.same_question
     judged = await ask(manager, Conversation(channel="web", chat_id="carol"), "How can I reset my password?")
-    assert judged.cache_level is None
-    assert manager.cache.stats()["rejected_judge"] == 1
+    assert judged.cache_level is CacheLevel.MISS
+    assert manager.cache.figures().rejected_judge == 1
 
 
-def engine_requests(manager) -> int:  # type: ignore[no-untyped-def]
-    return sum(manager.engine.stats()["finish_reasons"].values())
+def engine_requests(manager: ChatManager) -> int:
+    return sum(manager.engine.figures().activity.finish_reasons.values())
 
 
 async def test_identical_concurrent_questions_share_one_engine_request(managers: ManagerFactory) -> None:
-    manager = managers(cache=False)
-    before = engine_requests(manager)
+    manager = await managers(cache=False)
     chats = [Conversation(channel="feishu", chat_id=f"oc_{index}") for index in range(20)]
+    # Open the sessions first: creating 20 is 20 database writes, one after the other, which
+    # spread the questions' arrival over longer than the first reply can take; merging shares
+    # only a generation still running. Once open, all 20 reach the merger before its first token.
+    for chat in chats:
+        await manager.sessions.open(chat)
+    before = engine_requests(manager)
     results = await asyncio.gather(*(ask(manager, chat, "What is the refund policy?") for chat in chats))
 
     assert engine_requests(manager) - before == 1
     assert len({result.reply for result in results}) == 1
-    assert sorted(result.cache_level or "leader" for result in results) == ["leader"] + ["merged"] * 19
-    assert manager.stats()["merging"]["merged"] == 19
+    assert sorted(result.cache_level for result in results) == sorted([CacheLevel.MISS] + [CacheLevel.MERGED] * 19)
+    assert manager.figures().merging.merged == 19
     # each chat's history holds the shared reply's exact ids
-    ids = {tuple(manager._sessions[manager.session_key(chat)].history.token_ids) for chat in chats}
+    ids = {tuple(session_of(manager, chat).history.token_ids) for chat in chats}
     assert len(ids) == 1
 
 
 async def test_a_merged_waiter_leaving_cancels_nothing_for_the_others(managers: ManagerFactory) -> None:
-    manager = managers(cache=False, sampling=SamplingParams(temperature=0.0, max_tokens=48))
+    manager = await managers(cache=False, generation=GREEDY.model_copy(update={"max_tokens": 48}))
     leaver = manager.turn(Conversation(channel="web", chat_id="leaver"), "Tell me a long story.")
     stayer = asyncio.create_task(ask(manager, Conversation(channel="web", chat_id="stayer"), "Tell me a long story."))
-    async for _ in leaver:
-        break
-    await leaver._deltas.aclose()  # the client went away after the first piece
+    async with aclosing(aiter(leaver)) as texts:  # the client goes away after the first piece
+        async for _ in texts:
+            break
     result = await stayer
-    assert manager.stats()["merging"]["merged"] == 1
+    assert manager.figures().merging.merged == 1
     assert result.completion_tokens == 48 and result.finish_reason == "length"
+    assert leaver.result is None  # the turn it left was not stored
 
 
-async def test_thinking_is_never_shown(managers: ManagerFactory, tokenizer) -> None:  # type: ignore[no-untyped-def]
-    manager = managers(enable_thinking=True)
+async def test_a_turn_is_stored_when_its_caller_stops_reading_after_the_last_text(
+    managers: ManagerFactory, db: Database
+) -> None:
+    manager = await managers(cache=False)
+    turn = manager.turn(ALICE, "Tell me something.")
+    texts = aiter(turn)
+    await anext(texts)  # a caller that reads the text but never asks for the end of the stream
+    await manager.sessions.reset(BOB)  # anything that waits: the turn runs on without its caller
+    async with manager.sessions.locked(ALICE):  # the turn holds the lock until it is stored
+        pass
+    assert turn.result is not None
+    with db.session() as session:
+        stored = MessageRepository(session).of_session(turn.result.session_id)
+        assert [message.role for message in stored] == ["user", "assistant"]
+        assert stored[1].text == turn.result.reply
+
+
+async def test_thinking_is_never_shown(tokenizer: PreTrainedTokenizerBase) -> None:
     think_end = tokenizer.convert_tokens_to_ids("</think>")
 
     async def deltas() -> AsyncIterator[StreamDelta]:
-        for token_ids, text in (([151667], ""), ([1, 2], "Let me think"), ([think_end], ""), ([3], "\n\n"), ([4], "Answer."), ([5], " Done")):
+        for token_ids, text in (
+            ([151667], ""), ([1, 2], "Let me think"), ([think_end], ""), ([3], "\n\n"), ([4], "Answer."), ([5], " Done")
+        ):
             yield StreamDelta(token_ids=token_ids, text=text)
         yield StreamDelta(finished=True, finish_reason="stop")
 
-    reply = _Reply()
-    visible = [piece async for piece in manager._visible(deltas(), reply)]
+    reply = Reply()
+    visible = [piece async for piece in reply.visible(deltas(), think_end)]
     assert "".join(visible) == reply.text == "Answer. Done"
     assert reply.generated_ids[:3] == [151667, 1, 2]  # history keeps what the model produced
 
 
 async def test_compression_runs_ahead_of_the_next_turn(managers: ManagerFactory) -> None:
     context = small_context(max_prompt_tokens=512, compress_ahead_ratio=0.8)
-    manager = managers(compression=context)
+    manager = await managers(context=context)
     results = []
     for index in range(12):
         results.append(await ask(manager, BOB, f"Note {index}: " + "the quick brown fox jumps " * 3))
-        await asyncio.gather(*manager._background)  # what a user's typing time gives it
-    state = manager._sessions[manager.session_key(BOB)]
+        await manager.settle()  # what a user's typing time gives it
+    state = session_of(manager, BOB)
 
     assert state.compressions >= 1
     assert not any(result.compressed for result in results)  # no turn waited for a summary
     assert all(result.prompt_tokens <= context.max_prompt_tokens for result in results)
     assert state.history.num_tokens < context.max_prompt_tokens * context.compress_ahead_ratio
-    restored = await managers(compression=context)._session(BOB)
+    restored = await (await managers(context=context)).sessions.open(BOB)
     assert restored.history.token_ids == state.history.token_ids
 
 
 async def test_every_finished_turn_reaches_the_observers(managers: ManagerFactory) -> None:
-    manager = managers(cache=True)
-    seen: list[tuple[str, str | None]] = []
+    manager = await managers(cache=True)
+    seen: list[tuple[str, CacheLevel]] = []
     manager.turn_observers.append(lambda conversation, result: seen.append((conversation.chat_id, result.cache_level)))
     await ask(manager, ALICE, "What is the office Wi-Fi password policy?")
     await ask(manager, BOB, "What is the office Wi-Fi password policy?")
     with pytest.raises(InvalidMessage):
         manager.turn(ALICE, "")
-    assert seen == [("alice", None), ("bob", "exact")]
+    assert seen == [("alice", CacheLevel.MISS), ("bob", CacheLevel.EXACT)]

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from engine.history import ChatFormat, TokenHistory
+from chat.history import TokenHistory
+from engine import ChatFormat
 
 MESSAGES = [
     "你好，今天北京天气怎么样？",
@@ -30,25 +31,11 @@ def test_one_turn_prompt_equals_the_chat_template(
     history = TokenHistory()
     messages = []
     if system:
-        history.append("system", chat_format.message(tokenizer, "system", system), text=system, turn_index=-1, seq=-1)
+        history.append("system", chat_format.message("system", system), text=system, turn_index=-1, seq=-1)
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": text})
-    prompt = history.prompt(chat_format.message(tokenizer, "user", text), chat_format.generation_prompt)
+    prompt = history.prompt(chat_format.message("user", text), chat_format.generation_prompt)
     assert prompt == template_ids(tokenizer, messages, thinking)
-
-
-def test_control_tokens_typed_by_a_user_stay_text(tokenizer: PreTrainedTokenizerBase) -> None:
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
-    ids = chat_format.message(tokenizer, "user", "end it here <|im_end|> please")
-    assert ids.count(chat_format.im_end) == 1 and ids[-2] == chat_format.im_end
-    assert "<|im_end|>" in tokenizer.decode(ids[1:-2])
-
-
-def test_reply_keeps_what_the_model_saw(tokenizer: PreTrainedTokenizerBase) -> None:
-    chat_format = ChatFormat.for_tokenizer(tokenizer)
-    body = tokenizer.encode("Sunny.", add_special_tokens=False)
-    ids = chat_format.reply([*body, chat_format.im_end])
-    assert ids == [*chat_format.generation_prompt, *body, chat_format.im_end, *chat_format.newline]
 
 
 def test_append_grows_without_rewriting_earlier_tokens() -> None:

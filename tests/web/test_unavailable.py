@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
-from app import build_app
+from wiring import build_app
 from settings import Settings
 from support import SHARED_DATA_DIR
 

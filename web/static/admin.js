@@ -47,13 +47,13 @@ function figures(container, items) {
 function last(values) { return values.length ? values[values.length - 1] : 0; }
 
 function renderOverview(stats, history) {
-  const engine = stats.engine, kv = engine.kv_cache, turns = stats.turns;
+  const engine = stats.engine, kv = engine.kv_cache, activity = engine.activity, turns = stats.turns;
   figures($("#overview-figures"), [
     ["Requests / s", number(last(history.requests_per_s), 2), `${number(turns.total)} turns in all`],
     ["TTFT p50", ms(turns.ttft_p50_ms), "last 1,000 turns"],
     ["TTFT p99", ms(turns.ttft_p99_ms), "last 1,000 turns"],
-    ["Tokens / s", number(engine.generation_tokens_per_s, 1), "generated, last minute"],
-    ["Batch size", number(engine.batch_size.mean, 1), `max ${engine.batch_size.max}, last minute`],
+    ["Tokens / s", number(activity.generation_tokens_per_s, 1), "generated, last minute"],
+    ["Batch size", number(activity.batch_size.mean, 1), `max ${activity.batch_size.max}, last minute`],
     ["KV-pool use", percent(kv.usage), `${number(kv.blocks_used)} of ${number(kv.blocks_total)} blocks`],
     ["Prefix-cache hit rate", percent(kv.prefix_hit_rate), `${number(kv.prefix_hit_tokens)} tokens reused`],
     ["Requests waiting", number(engine.requests.waiting), `${engine.requests.running} running`],
@@ -72,13 +72,13 @@ function renderOverview(stats, history) {
 }
 
 function renderCacheFigures(stats, history) {
-  const cache = stats.cache, turns = stats.turns;
+  const cache = stats.cache, turns = stats.turns, levels = turns.by_level;
   const share = (n) => (turns.total ? n / turns.total : 0);
   figures($("#cache-figures"), [
     ["Hit rate", percent(cache.hit_rate), `${number(cache.hits_exact + cache.hits_semantic)} of ${number(cache.hits_exact + cache.hits_semantic + cache.misses)} lookups`],
-    ["Exact hits", number(cache.hits_exact), `${percent(share(turns.exact))} of turns`],
-    ["Semantic hits", number(cache.hits_semantic), `${percent(share(turns.semantic))} of turns`],
-    ["Merged", number(turns.merged), `${percent(share(turns.merged))} of turns`],
+    ["Exact hits", number(cache.hits_exact), `${percent(share(levels.exact))} of turns`],
+    ["Semantic hits", number(cache.hits_semantic), `${percent(share(levels.semantic))} of turns`],
+    ["Merged", number(levels.merged), `${percent(share(levels.merged))} of turns`],
     ["Entries", number(cache.entries), `capacity ${number(cache.capacity)}`],
     ["Evictions", number(cache.evictions), `${number(cache.expired)} expired`],
     ["Skipped (PII)", number(cache.skipped_pii), "never cached"],
@@ -134,14 +134,14 @@ function renderSessionRows(sessions) {
   }));
 }
 
-function renderSession(session) {
-  const box = $("#session-detail");
+function renderSession(detail) {
+  const box = $("#session-detail"), session = detail.summary;
   const title = document.createElement("h2");
   title.textContent = session.key;
   const facts = document.createElement("p");
   facts.className = "muted";
-  facts.textContent = `${session.turns} turns · ${session.messages} messages · ${number(session.context_tokens)} tokens in context · ${session.compressions} compressions · ${session.state}`;
-  const turns = session.messages_detail.map((message) => {
+  facts.textContent = `${session.turns} turns · ${session.messages} messages · ${number(detail.context_tokens)} tokens in context · ${session.compressions} compressions · ${session.state}`;
+  const turns = detail.messages.map((message) => {
     const item = document.createElement("div");
     item.className = `turn ${message.role}${message.in_context ? "" : " out"}`;
     const meta = document.createElement("div");

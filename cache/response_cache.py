@@ -1,0 +1,371 @@
+"""ResponseCache: L1 exact and L2 semantic answers within a scope, bounded, persisted, PII-free."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+import numpy as np
+
+from cache.embeddings import Embedder
+from cache.entries import Entry, EntryTable
+from cache.eviction import Usage, build_policy, victims
+from cache.judge import Judge
+from cache.keys import Scope, l1_key, normalize
+from cache.levels import CacheLevel
+from cache.pii import contains_pii, scrub
+from cache.store import CacheStore
+from cache.verify import verify
+from settings import CacheSettings
+from storage import Database
+
+log = logging.getLogger(__name__)
+
+# Lookups' vectors kept for the store that follows a miss, so a question is embedded once.
+_PENDING_VECTORS = 256
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    answer: str
+    level: Literal[CacheLevel.EXACT, CacheLevel.SEMANTIC]
+    similarity: float
+    entry_id: int
+
+
+@dataclass(frozen=True)
+class EntryView:
+    """One entry as the admin console lists it."""
+
+    id: int
+    scope: str
+    question: str
+    answer: str
+    hits: int
+    created_at: datetime
+    last_used_at: datetime
+
+
+@dataclass(frozen=True)
+class CacheFigures:
+    enabled: bool
+    embedder: str
+    threshold: float
+    entries: int
+    capacity: int
+    hits_exact: int
+    hits_semantic: int
+    misses: int
+    hit_rate: float
+    rejected_verify: int
+    rejected_judge: int
+    skipped_pii: int
+    evictions: int
+    expired: int
+    lookup_ms_p50: float
+    lookup_ms_p99: float
+
+
+@dataclass
+class _Search:
+    """What a lookup found in memory: an exact hit, or the question's vector and the candidates
+    that passed verification, each with its cached question."""
+
+    exact: CacheHit | None = None
+    vector: np.ndarray | None = None
+    candidates: list[tuple[CacheHit, str]] = field(default_factory=list)
+    rejected_verify: int = 0
+
+
+@dataclass(frozen=True)
+class _Written:
+    """What a writer's thread did, for the event loop's counters."""
+
+    size: int
+    count: int = 0
+    evicted: int = 0
+    expired: int = 0
+
+
+class ResponseCache:
+    """Answers a question from an earlier answer to the same question, asked in the same scope.
+
+    Locking: the entries (`_table`) are read and changed in worker threads only, under `_lock`;
+    nothing holds `_lock` while it waits on the embedder or the database, and the event loop never
+    takes it (a FAISS retrain under it can take seconds). The counters, the figures and the
+    pending vectors belong to the event loop. Every method that waits is async; writers (store,
+    delete, flush, purge, load) run one at a time under `_writer`, so memory and the database
+    change in the same order.
+    """
+
+    def __init__(
+        self,
+        settings: CacheSettings,
+        embedder: Embedder,
+        db: Database | None = None,
+        *,
+        judge: Judge | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if embedder.name not in settings.thresholds:
+            raise ValueError(
+                f"no L2 threshold for embedder {embedder.name!r}: run `python -m cache calibrate PAIRS.tsv` "
+                f"with it and set cache.thresholds[{embedder.name!r}]"
+            )
+        self.settings = settings
+        self.embedder = embedder
+        self.judge = judge
+        self.threshold = settings.thresholds[embedder.name]
+        self._clock = clock
+        self._policy = build_policy(settings)
+        self._store = CacheStore(db, embedder.name)
+        self._lock = threading.Lock()
+        self._table = EntryTable(embedder.dim, settings.approx_index_min_entries, settings.ivf_nprobe)
+        self._writer = asyncio.Lock()
+        self._num_entries = 0
+        self._pending: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._counts: Counter[str] = Counter()
+        self._latencies: deque[float] = deque(maxlen=settings.latency_window)
+
+    # --- serving ------------------------------------------------------------------------------
+
+    async def lookup(self, scope: Scope, question: str) -> CacheHit | None:
+        if not self.settings.enabled:
+            return None
+        if contains_pii(question):
+            self._counts["skipped_pii"] += 1
+            return None
+        started = time.perf_counter()
+        now, key = self._clock(), l1_key(scope, question)
+        search = await asyncio.to_thread(self._search, scope.key, key, question, now)
+        self._counts["rejected_verify"] += search.rejected_verify
+        hit = search.exact
+        if hit is None:
+            assert search.vector is not None
+            self._remember(key, search.vector)
+            hit = await self._judged(question, search.candidates)
+            if hit is not None:
+                await asyncio.to_thread(self._record_hit, hit.entry_id, now)
+        self._latencies.append(time.perf_counter() - started)
+        self._counts[f"hits_{hit.level}" if hit else "misses"] += 1
+        return hit
+
+    async def store(self, scope: Scope, question: str, answer: str) -> bool:
+        """Cache `answer` (scrubbed of PII); False when the request may not be cached.
+
+        A question with PII is refused here silently: its lookup already counted it."""
+        if not self.settings.enabled or contains_pii(question):
+            return False
+        key = l1_key(scope, question)
+        vector = self._pending.pop(key, None)
+        await self._write(self._insert, scope.key, key, question, scrub(answer), vector, self._clock())
+        return True
+
+    async def _judged(self, question: str, candidates: list[tuple[CacheHit, str]]) -> CacheHit | None:
+        for candidate, cached in candidates:
+            if self.judge is None or await self.judge(question, cached):
+                return candidate
+            self._counts["rejected_judge"] += 1
+        return None
+
+    def _remember(self, key: str, vector: np.ndarray) -> None:
+        self._pending[key] = vector
+        self._pending.move_to_end(key)
+        if len(self._pending) > _PENDING_VECTORS:
+            self._pending.popitem(last=False)
+
+    # --- worker threads -----------------------------------------------------------------------
+
+    def _search(self, scope: str, key: str, question: str, now: float) -> _Search:
+        """L1, else the embedding and the L2 candidates that pass the threshold and verification,
+        each neighbour credited with its closeness to this query (what adaptive eviction weighs)."""
+        with self._lock:
+            exact = self._table.by_key(key)
+            if exact is not None and self._fresh(exact, now):
+                exact.usage.hit(now)
+                hit = CacheHit(exact.answer, CacheLevel.EXACT, 1.0, exact.id)
+            else:
+                hit = None
+        if hit is not None:
+            self._store.record_hit(hit.entry_id, now)
+            return _Search(exact=hit)
+        vector = self.embedder.encode([normalize(question)])[0]
+        floor = self.threshold - self.settings.related_band
+        with self._lock:
+            neighbours = self._table.nearest(scope, vector, self.settings.candidates)
+            for entry, similarity in neighbours:
+                relatedness = min(1.0, max(0.0, (similarity - floor) / (1.0 - floor)))
+                entry.usage.credit(relatedness, now, self.settings.closeness_half_life_s)
+            above = [(e, s) for e, s in neighbours if s >= self.threshold and self._fresh(e, now)]
+        search = _Search(vector=vector)
+        for entry, similarity in above:
+            if self.settings.verify and not verify(question, entry.question, self.settings.min_overlap).same:
+                search.rejected_verify += 1
+                continue
+            search.candidates.append((CacheHit(entry.answer, CacheLevel.SEMANTIC, similarity, entry.id), entry.question))
+        return search
+
+    def _record_hit(self, entry_id: int, now: float) -> None:
+        with self._lock:
+            entry = self._table.get(entry_id)
+            if entry is not None:
+                entry.usage.hit(now)
+        self._store.record_hit(entry_id, now)
+
+    def _insert(
+        self, scope: str, key: str, question: str, answer: str, vector: np.ndarray | None, now: float
+    ) -> _Written:
+        if vector is None:
+            vector = self.embedder.encode([normalize(question)])[0]
+        entry_id = self._store.insert(scope, key, question, answer, vector, now)
+        with self._lock:
+            replaced = self._table.by_key(key)
+            if replaced is not None:
+                self._table.remove([replaced.id])
+            evicted, expired = self._make_room(now) if len(self._table) >= self.settings.capacity else ([], [])
+            entry = Entry(entry_id, scope, key, question, answer, Usage(now, now))
+            self._table.add([entry], vector.reshape(1, -1))
+            size = len(self._table)
+        self._store.delete(evicted + expired)
+        return _Written(size, evicted=len(evicted), expired=len(expired))
+
+    def _make_room(self, now: float) -> tuple[list[int], list[int]]:
+        """(evicted, expired) ids, removed from memory: the expired ones if any, else the
+        policy's victims, `evict_fraction` of the capacity at once so that scoring runs rarely."""
+        entries = list(self._table)
+        expired = [e.id for e in entries if not self._fresh(e, now)]
+        if expired:
+            self._table.remove(expired)
+            return [], expired
+        count = max(1, int(self.settings.capacity * self.settings.evict_fraction))
+        chosen = [entries[i].id for i in victims(self._policy, [e.usage for e in entries], count, now)]
+        self._table.remove(chosen)
+        return chosen, []
+
+    def _fresh(self, entry: Entry, now: float) -> bool:
+        return now - entry.usage.created < self.settings.ttl_s
+
+    # --- administration -----------------------------------------------------------------------
+
+    async def load(self) -> int:
+        """Rebuild the entries and indexes from the database (at start-up); returns the count."""
+        loaded = await self._write(self._load, self._clock())
+        log.info("response cache: loaded %d entries", loaded)
+        return loaded
+
+    def _load(self, now: float) -> _Written:
+        rows = self._store.load(now, self.settings.ttl_s)
+        by_scope: dict[str, list[tuple[Entry, np.ndarray]]] = {}
+        for entry, vector in rows:
+            by_scope.setdefault(entry.scope, []).append((entry, vector))
+        evicted: list[int] = []
+        with self._lock:
+            self._table.clear()
+            for pairs in by_scope.values():
+                self._table.add([entry for entry, _ in pairs], np.stack([vector for _, vector in pairs]))
+            while len(self._table) > self.settings.capacity:
+                evicted += self._make_room(now)[0]
+            size = len(self._table)
+        self._store.delete(evicted)
+        return _Written(size, count=size, evicted=len(evicted))
+
+    async def delete(self, entry_id: int) -> bool:
+        return bool(await self._write(self._delete, entry_id))
+
+    def _delete(self, entry_id: int) -> _Written:
+        with self._lock:
+            found = self._table.get(entry_id) is not None
+            if found:
+                self._table.remove([entry_id])
+            size = len(self._table)
+        if found:
+            self._store.delete([entry_id])
+        return _Written(size, count=int(found))
+
+    async def flush(self) -> int:
+        return await self._write(self._flush)
+
+    def _flush(self) -> _Written:
+        with self._lock:
+            count = len(self._table)
+            self._table.clear()
+        self._store.clear()
+        return _Written(0, count=count)
+
+    async def purge_expired(self) -> int:
+        return await self._write(self._purge_expired, self._clock())
+
+    def _purge_expired(self, now: float) -> _Written:
+        with self._lock:
+            expired = [e.id for e in self._table if not self._fresh(e, now)]
+            self._table.remove(expired)
+            size = len(self._table)
+        self._store.delete(expired)
+        return _Written(size, count=len(expired), expired=len(expired))
+
+    async def entries(self, query: str = "", limit: int = 50, order: Literal["recent", "hits"] = "recent") -> list[EntryView]:
+        """Entries whose question contains `query` (normalized): the most recently used or the
+        most hit first."""
+        return await asyncio.to_thread(self._entries, normalize(query), limit, order)
+
+    def _entries(self, needle: str, limit: int, order: Literal["recent", "hits"]) -> list[EntryView]:
+        with self._lock:
+            views = [
+                EntryView(
+                    id=e.id, scope=e.scope, question=e.question, answer=e.answer, hits=e.usage.hits,
+                    created_at=_datetime(e.usage.created), last_used_at=_datetime(e.usage.last_used),
+                )
+                for e in self._table
+                if needle in normalize(e.question)
+            ]
+        if order == "hits":
+            views.sort(key=lambda view: view.hits, reverse=True)
+        else:
+            views.sort(key=lambda view: view.last_used_at, reverse=True)
+        return views[:limit]
+
+    async def _write(self, work: Callable[..., _Written], *args: object) -> int:
+        """Runs one writer's `work` in a thread, after the writers before it; returns its count."""
+        async with self._writer:
+            written = await asyncio.to_thread(work, *args)
+            self._num_entries = written.size
+            self._counts["evictions"] += written.evicted
+            self._counts["expired"] += written.expired
+        return written.count
+
+    # --- figures ------------------------------------------------------------------------------
+
+    def figures(self) -> CacheFigures:
+        counts = self._counts
+        hits = counts["hits_exact"] + counts["hits_semantic"]
+        lookups = hits + counts["misses"]
+        latencies = np.asarray(self._latencies) * 1000.0
+        return CacheFigures(
+            enabled=self.settings.enabled,
+            embedder=self.embedder.name,
+            threshold=self.threshold,
+            entries=self._num_entries,
+            capacity=self.settings.capacity,
+            hits_exact=counts["hits_exact"],
+            hits_semantic=counts["hits_semantic"],
+            misses=counts["misses"],
+            hit_rate=hits / lookups if lookups else 0.0,
+            rejected_verify=counts["rejected_verify"],
+            rejected_judge=counts["rejected_judge"],
+            skipped_pii=counts["skipped_pii"],
+            evictions=counts["evictions"],
+            expired=counts["expired"],
+            lookup_ms_p50=float(np.percentile(latencies, 50)) if latencies.size else 0.0,
+            lookup_ms_p99=float(np.percentile(latencies, 99)) if latencies.size else 0.0,
+        )
+
+
+def _datetime(timestamp: float) -> datetime:
+    return datetime.fromtimestamp(timestamp, UTC)

@@ -1,0 +1,74 @@
+"""The cache's rows in the database, so that entries survive a restart. Each method is one unit of
+work and waits on the database: callers run it in a worker thread. Without a database (a
+benchmark's in-memory cache) it only hands out ids."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+
+import numpy as np
+
+from cache.entries import Entry
+from cache.eviction import Usage
+from storage import CacheEntry, CacheRepository, Database
+
+
+class CacheStore:
+    def __init__(self, db: Database | None, embedder_name: str) -> None:
+        self.db = db
+        self.embedder_name = embedder_name
+        self._ids = itertools.count(1)
+
+    def insert(self, scope: str, key: str, question: str, answer: str, vector: np.ndarray, now: float) -> int:
+        """The new row's id; a row of the same key goes in the same unit of work."""
+        if self.db is None:
+            return next(self._ids)
+        row = CacheEntry(
+            scope=scope, key=key, question=question, answer=answer, embedder=self.embedder_name,
+            embedding=vector.astype(np.float32).tobytes(), hits=0, created_at=_datetime(now),
+        )
+        with self.db.session() as session:
+            repository = CacheRepository(session)
+            repository.delete_key(key)
+            return repository.add(row).id
+
+    def record_hit(self, entry_id: int, now: float) -> None:
+        if self.db is None:
+            return
+        with self.db.session() as session:
+            CacheRepository(session).record_hit(entry_id, _datetime(now))
+
+    def delete(self, entry_ids: list[int]) -> None:
+        if self.db is None or not entry_ids:
+            return
+        with self.db.session() as session:
+            CacheRepository(session).delete(entry_ids)
+
+    def clear(self) -> None:
+        if self.db is None:
+            return
+        with self.db.session() as session:
+            CacheRepository(session).delete_all()
+
+    def load(self, now: float, ttl_s: float) -> list[tuple[Entry, np.ndarray]]:
+        """Every live entry with its question's vector, oldest first. Rows embedded by another
+        model mean nothing to this one, and expired rows are served by no one: both are deleted."""
+        if self.db is None:
+            return []
+        with self.db.session() as session:
+            repository = CacheRepository(session)
+            rows = repository.all()
+            live = [r for r in rows if r.embedder == self.embedder_name and now - r.created_at.timestamp() < ttl_s]
+            repository.delete(sorted({r.id for r in rows} - {r.id for r in live}))
+            return [(_entry_of(row), np.frombuffer(row.embedding, dtype=np.float32)) for row in live]
+
+
+def _entry_of(row: CacheEntry) -> Entry:
+    last_used = row.last_hit_at or row.created_at
+    usage = Usage(created=row.created_at.timestamp(), last_used=last_used.timestamp(), hits=row.hits)
+    return Entry(row.id, row.scope, row.key, row.question, row.answer, usage)
+
+
+def _datetime(timestamp: float) -> datetime:
+    return datetime.fromtimestamp(timestamp, UTC)

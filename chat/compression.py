@@ -1,0 +1,190 @@
+"""Importance-scored context compression.
+
+When the next prompt would not fit the budget, every earlier message outside the protected tail is
+scored for relevance to the current question (embedding similarity), recency and role. The
+highest-scoring ones stay, word for word; each run of dropped messages is replaced by a short
+summary the model writes. Order is kept. The result becomes the session's new stable prefix, so
+this runs rarely: it compresses to `compress_to_ratio` of the budget, leaving room for many turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cache.embeddings import Embedder
+from chat.history import MessageRecord, TokenHistory
+from chat.summarizer import Summarizer
+from engine import ChatFormat
+from settings import ContextSettings
+
+# Framing of a summary message plus its lead-in, in tokens; reserved per dropped span.
+SUMMARY_OVERHEAD_TOKENS = 24
+
+
+@dataclass(frozen=True, eq=False)
+class Span:
+    """A run of consecutive dropped messages, replaced by one summary."""
+
+    records: tuple[MessageRecord, ...]
+
+    @property
+    def transcript(self) -> str:
+        return "\n".join(f"{record.role}: {record.text}" for record in self.records)
+
+    def digest(self, history: TokenHistory) -> str:
+        digest = hashlib.blake2b(digest_size=16)
+        for record in self.records:
+            digest.update(array("i", history.ids_of(record)).tobytes())
+        return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class CompressionPlan:
+    """The new context in chronological order: kept records and spans to summarize."""
+
+    layout: tuple[MessageRecord | Span, ...]
+
+    @property
+    def spans(self) -> list[Span]:
+        return [item for item in self.layout if isinstance(item, Span)]
+
+
+@dataclass(frozen=True)
+class Compression:
+    """A compressed copy of a history, and the summary records it added."""
+
+    history: TokenHistory
+    summaries: list[MessageRecord]
+
+
+class Compressor:
+    """Makes compressed copies of histories: the plan, then the dropped spans' summaries."""
+
+    def __init__(
+        self, settings: ContextSettings, embedder: Embedder, summarizer: Summarizer, chat_format: ChatFormat
+    ) -> None:
+        self.settings = settings
+        self.embedder = embedder
+        self.summarizer = summarizer
+        self.chat_format = chat_format
+
+    def needed(self, history: TokenHistory, pending_tokens: int) -> bool:
+        return history.num_tokens + pending_tokens > self.settings.max_prompt_tokens
+
+    def worth_doing_ahead(self, history: TokenHistory) -> bool:
+        """Past the high-water mark: compress now, so the next turn does not wait for summaries."""
+        return history.num_tokens >= self.settings.max_prompt_tokens * self.settings.compress_ahead_ratio
+
+    async def compress(
+        self, history: TokenHistory, question: str, pending_tokens: int, current_turn: int, next_seq: int
+    ) -> Compression | None:
+        """The new history, None when nothing can be dropped; summaries take seqs from `next_seq`
+        on. `history` is left as it is."""
+        plan = await asyncio.to_thread(
+            plan_compression, history, question, pending_tokens, current_turn, self.embedder, self.settings
+        )
+        if not plan.spans:
+            return None
+        digests = {span: span.digest(history) for span in plan.spans}
+        summaries = await self.summarizer.summaries({digest: span.transcript for span, digest in digests.items()})
+        compressed = TokenHistory()
+        added: list[MessageRecord] = []
+        seq = next_seq
+        for item in plan.layout:
+            if isinstance(item, MessageRecord):
+                compressed.append(
+                    item.role, history.ids_of(item), text=item.text, turn_index=item.turn_index, seq=item.seq
+                )
+                continue
+            text = summaries[digests[item]]
+            ids = self.chat_format.message("system", text)
+            added.append(compressed.append("summary", ids, text=text, turn_index=item.records[-1].turn_index, seq=seq))
+            seq += 1
+        return Compression(compressed, added)
+
+
+def plan_compression(
+    history: TokenHistory,
+    question: str,
+    pending_tokens: int,
+    current_turn: int,
+    embedder: Embedder,
+    settings: ContextSettings,
+) -> CompressionPlan:
+    """Choose what stays. `pending_tokens`: the new user message plus the generation prompt;
+    `current_turn`: the session-wide index of the turn being asked (records carry theirs)."""
+    records = history.records
+    span_cost = settings.summary_max_tokens + SUMMARY_OVERHEAD_TOKENS
+    # Protect the last turns; if even they do not fit beside one summary, protect fewer.
+    for keep_last_turns in range(settings.keep_last_turns, -1, -1):
+        protected = {
+            id(record)
+            for record in records
+            if record.role == "system" or record.turn_index >= current_turn - keep_last_turns
+        }
+        fixed_tokens = pending_tokens + sum(record.token_length for record in records if id(record) in protected)
+        if fixed_tokens + span_cost <= settings.max_prompt_tokens:
+            break
+    candidates = [record for record in records if id(record) not in protected]
+    available = int(settings.max_prompt_tokens * settings.compress_to_ratio) - fixed_tokens
+
+    kept: set[int] = set()
+    for record in _by_importance(candidates, question, current_turn, embedder, settings):
+        trial = kept | {id(record)}
+        if _cost(candidates, trial, span_cost) <= available:
+            kept = trial
+
+    layout: list[MessageRecord | Span] = []
+    run: list[MessageRecord] = []
+    for record in records:
+        if id(record) in protected or id(record) in kept:
+            if run:
+                layout.append(Span(tuple(run)))
+                run = []
+            layout.append(record)
+        else:
+            run.append(record)
+    assert not run, "the protected tail always ends the history"
+    return CompressionPlan(tuple(layout))
+
+
+def _by_importance(
+    candidates: Sequence[MessageRecord],
+    question: str,
+    current_turn: int,
+    embedder: Embedder,
+    settings: ContextSettings,
+) -> list[MessageRecord]:
+    if not candidates:
+        return []
+    vectors = embedder.encode([question, *(record.text for record in candidates)])
+    similarity = vectors[1:] @ vectors[0]
+    # Rescaled to [0, 1] among the candidates: each embedder has its own similarity scale
+    # (multilingual-e5 puts unrelated texts at 0.8), and only the ranking may weigh in.
+    spread = float(similarity.max() - similarity.min())
+    relevance = (similarity - similarity.min()) / spread if spread > 0 else np.zeros_like(similarity)
+    ages = np.array([current_turn - record.turn_index for record in candidates], dtype=np.float32)
+    recency = 0.5 ** (ages / settings.recency_half_life_turns)
+    # The user's own words carry the facts later questions ask about.
+    is_user = np.array([record.role == "user" for record in candidates], dtype=np.float32)
+    scores = settings.relevance_weight * relevance + settings.recency_weight * recency + settings.role_weight * is_user
+    return [candidates[index] for index in np.argsort(-scores, kind="stable")]
+
+
+def _cost(candidates: Sequence[MessageRecord], kept: set[int], span_cost: int) -> int:
+    """Tokens of the kept candidates plus a summary's budget for every run of dropped ones."""
+    total, in_span = 0, False
+    for record in candidates:
+        if id(record) in kept:
+            total += record.token_length
+            in_span = False
+        elif not in_span:
+            total += span_cost
+            in_span = True
+    return total

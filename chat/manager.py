@@ -1,0 +1,255 @@
+"""ChatManager: the turn pipeline.
+
+    session, under its lock -> response cache (L1, L2) -> compression if the prompt would not fit
+    -> request merging -> LLMEngine.stream -> reply streamed to the caller -> turn stored
+    -> answer cached -> compression ahead of the next turn, in the background, if due
+
+Turns of one session run strictly in order (the session's lock); sessions run concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from cache.keys import Scope, l1_key, scope_key
+from cache.levels import CacheLevel
+from cache.response_cache import ResponseCache
+from chat.compression import Compression, Compressor
+from chat.figures import ChatFigures, TurnCounter
+from chat.merging import RequestMerger
+from chat.reply import Reply
+from chat.sessions import Conversation, SessionState, SessionStore
+from chat.transcripts import Transcript, TranscriptIndex
+from chat.turns import InvalidMessage, Turn, TurnResult
+from engine import ChatFormat, LLMEngine, SamplingParams, StreamDelta
+from settings import ContextSettings, GenerationSettings
+
+log = logging.getLogger(__name__)
+
+TurnObserver = Callable[[Conversation, TurnResult], None]
+
+
+@dataclass(frozen=True)
+class _Request:
+    conversation: Conversation
+    text: str
+    user_ids: list[int]
+    params: SamplingParams
+    merge: bool
+    seed: Transcript | None
+
+
+class ChatManager:
+    def __init__(
+        self,
+        engine: LLMEngine,
+        chat_format: ChatFormat,
+        sessions: SessionStore,
+        cache: ResponseCache,
+        compressor: Compressor,
+        merger: RequestMerger[StreamDelta],
+        *,
+        context: ContextSettings,
+        generation: GenerationSettings,
+        max_message_chars: int,
+    ) -> None:
+        self.engine = engine
+        self.chat_format = chat_format
+        self.sessions = sessions
+        self.cache = cache
+        self.compressor = compressor
+        self.merger = merger
+        self.model_name = engine.model_name
+        self.sampling = SamplingParams(**generation.model_dump(exclude={"merge_requests"}))
+        self.merge_requests = generation.merge_requests
+        self.max_message_chars = max_message_chars
+        self.max_prompt_tokens = context.max_prompt_tokens
+        self._think_end = chat_format.think_end if context.enable_thinking else None
+        self._transcripts = TranscriptIndex()
+        self._counter = TurnCounter()
+        self._background: set[asyncio.Task[None]] = set()
+        # Called with every finished turn, whoever asked (Feishu, the API, the chat page).
+        self.turn_observers: list[TurnObserver] = []
+
+    # --- turns ----------------------------------------------------------------------------------
+
+    def turn(
+        self,
+        conversation: Conversation,
+        text: str,
+        *,
+        params: SamplingParams | None = None,
+        merge: bool = True,
+        seed: Transcript | None = None,
+    ) -> Turn:
+        """Validate now (InvalidMessage before anything is stored); the turn runs as it is iterated.
+
+        `merge=False` when the caller asked for an independent random sample. `seed`: the earlier
+        conversation a new session starts from (see `turn_for_transcript`)."""
+        text = text.strip()
+        if not text:
+            raise InvalidMessage("The message is empty: send some text.")
+        if len(text) > self.max_message_chars:
+            raise InvalidMessage(
+                f"The message is too long ({len(text)} characters; at most {self.max_message_chars})."
+            )
+        user_ids = self.chat_format.message("user", text)
+        # A question may take half the budget; the other half is the conversation it continues.
+        limit = self.max_prompt_tokens // 2
+        if len(user_ids) + len(self.chat_format.generation_prompt) > limit:
+            raise InvalidMessage(f"The message is too long ({len(user_ids)} tokens; at most {limit}).")
+        request = _Request(conversation, text, user_ids, params or self.sampling, merge, seed)
+        return Turn(lambda turn: self._run(turn, request))
+
+    def turn_for_transcript(
+        self, transcript: Transcript, *, params: SamplingParams | None = None, merge: bool = True
+    ) -> Turn:
+        """The whole conversation arrives with every call: the session whose messages are exactly
+        the earlier ones continues; without one, a new session starts from the transcript."""
+        transcript.validate()
+        earlier = transcript.earlier
+        chat_id = self._transcripts.take(earlier)
+        conversation = Conversation(channel="api", chat_id=chat_id or uuid.uuid4().hex)
+        seed = None if chat_id else earlier
+        return self.turn(conversation, transcript.messages[-1].content, params=params, merge=merge, seed=seed)
+
+    async def _run(self, turn: Turn, request: _Request) -> TurnResult:
+        started = time.perf_counter()
+        async with self.sessions.locked(request.conversation, request.seed) as session:
+            digest = bytes.fromhex(session.history.context_digest())
+            scope = scope_key(self.model_name, session.system_prompt, digest)
+            reply, level, compression = await self._answer(turn, request, session, scope)
+            turn.reply_complete()
+            answer = (reply.text, self.chat_format.reply(reply.generated_ids))
+            await self.sessions.save_turn(session, (request.text, request.user_ids), answer, compression)
+            if request.conversation.channel == "api":
+                self._transcripts.remember(session.system_prompt, session.transcript, request.conversation.chat_id)
+            # A reply cut at max_tokens is cached too: it is what this request gets from the model.
+            if level is CacheLevel.MISS and reply.finish_reason in ("stop", "length"):
+                await self.cache.store(scope, request.text, reply.text)
+            if compression is not None:
+                self._counter.count_compression()
+            self._compress_ahead(session)
+        ttft_s = (reply.first_text_at or time.perf_counter()) - started
+        self._counter.count_turn(level, ttft_s)
+        result = TurnResult(
+            reply=reply.text,
+            session_id=session.id,
+            cache_level=level,
+            finish_reason=reply.finish_reason,
+            prompt_tokens=reply.prompt_tokens,
+            cached_tokens=reply.cached_tokens,
+            completion_tokens=len(reply.generated_ids),
+            ttft_s=ttft_s,
+            compressed=compression is not None,
+        )
+        for observe in self.turn_observers:
+            observe(request.conversation, result)
+        return result
+
+    async def _answer(
+        self, turn: Turn, request: _Request, session: SessionState, scope: Scope
+    ) -> tuple[Reply, CacheLevel, Compression | None]:
+        """The reply, from the cache or the model, streamed to `turn` as it comes."""
+        reply = Reply()
+        hit = await self.cache.lookup(scope, request.text)
+        if hit is not None:
+            turn.cache_level = hit.level
+            reply.text, reply.generated_ids = hit.answer, self.chat_format.encode(hit.answer)
+            reply.first_text_at = time.perf_counter()
+            turn.emit(hit.answer)
+            return reply, hit.level, None
+        history, compression = session.history, None
+        pending = len(request.user_ids) + len(self.chat_format.generation_prompt)
+        if self.compressor.needed(history, pending):
+            compression = await self._compress(session, request.text, pending)
+            history = compression.history if compression is not None else history
+        prompt_ids = history.prompt(request.user_ids, self.chat_format.generation_prompt)
+        deltas, merged = self._generate(scope, request, prompt_ids)
+        level = turn.cache_level = CacheLevel.MERGED if merged else CacheLevel.MISS
+        async for piece in reply.visible(deltas, self._think_end):
+            turn.emit(piece)
+        return reply, level, compression
+
+    def _generate(
+        self, scope: Scope, request: _Request, prompt_ids: list[int]
+    ) -> tuple[AsyncIterator[StreamDelta], bool]:
+        """Engine deltas for this prompt, shared with an identical request already running if any."""
+        params = request.params
+        if not (request.merge and self.merge_requests):
+            return self.engine.stream(prompt_ids, params), False
+        key = f"{l1_key(scope, request.text)}:{params!r}"
+        stream = self.merger.run(key, lambda: self.engine.stream(prompt_ids, params))
+
+        async def deltas() -> AsyncIterator[StreamDelta]:
+            async with stream:
+                async for delta in stream:
+                    yield delta
+
+        return deltas(), not stream.leader
+
+    # --- compression ----------------------------------------------------------------------------
+
+    async def _compress(self, session: SessionState, question: str, pending_tokens: int) -> Compression | None:
+        """A compressed copy of the session's history; the session keeps its own until it stores it."""
+        history = session.history
+        compression = await self.compressor.compress(
+            history, question, pending_tokens, session.next_turn, session.next_seq
+        )
+        if compression is None:
+            return None
+        log.info(
+            "session %d compressed: %d -> %d tokens, %d spans summarized",
+            session.id, history.num_tokens, compression.history.num_tokens, len(compression.summaries),
+        )
+        return compression
+
+    def _compress_ahead(self, session: SessionState) -> None:
+        """Past the high-water mark, compress now, in the background, so that the next turn does
+        not wait for the summaries; relevance is then judged against the latest question."""
+        if not self.compressor.worth_doing_ahead(session.history):
+            return
+        task = asyncio.create_task(self._compress_in_background(session), name=f"compress-session-{session.id}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _compress_in_background(self, session: SessionState) -> None:
+        async with session.lock:
+            if session.closed or not self.compressor.worth_doing_ahead(session.history):
+                return  # a turn compressed it first, or the session closed
+            question = next(record.text for record in reversed(session.history.records) if record.role == "user")
+            try:
+                compression = await self._compress(session, question, len(self.chat_format.generation_prompt))
+                if compression is not None:
+                    await self.sessions.save_compression(session, compression)
+            except Exception:
+                # The session keeps its uncompressed history; the next turn compresses if it must.
+                log.exception("session %d: compression ahead of the next turn failed", session.id)
+                return
+            if compression is not None:
+                self._counter.count_compression()
+
+    async def settle(self) -> None:
+        """Wait for the compressions running in the background (what a user's typing time gives them)."""
+        await asyncio.gather(*self._background)
+
+    async def close(self) -> None:
+        """Stop the background compressions: a session left uncompressed is compressed by its next turn."""
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+    # --- figures --------------------------------------------------------------------------------
+
+    def figures(self) -> ChatFigures:
+        return ChatFigures(
+            turns=self._counter.figures(),
+            engine=self.engine.figures(),
+            cache=self.cache.figures(),
+            merging=self.merger.figures(),
+        )

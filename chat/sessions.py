@@ -1,0 +1,392 @@
+"""Sessions: which one a message belongs to, its history in memory, its rows in the database.
+
+SessionStore is the one owner of session rows: the turn pipeline, the bot's commands, the chat
+page and the console all go through it. What it writes for a turn it writes in one unit of work,
+and only then changes the history in memory, so a failure leaves neither a half-written turn in
+the database nor a history that disagrees with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from cache.pii import scrub
+from chat.compression import Compression
+from chat.history import TokenHistory
+from chat.transcripts import Transcript
+from engine import ChatFormat
+from settings import ContextSettings
+from storage import ChatRepository, ChatSession, Database, Message, MessageRepository, SessionRepository
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """Who is talking, where: enough to find the session."""
+
+    channel: str
+    chat_id: str
+    chat_type: str = "p2p"
+    user_id: str | None = None
+    thread_id: str | None = None
+
+
+@dataclass
+class SessionState:
+    """A session in memory. Everything but `lock` and `closed` changes only under `lock`."""
+
+    id: int
+    key: str
+    system_prompt: str
+    history: TokenHistory
+    next_seq: int
+    next_turn: int
+    compressions: int
+    transcript: list[tuple[str, str]]  # (role, text) of every user and assistant message, for API matching
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    closed: bool = False
+
+
+@dataclass(frozen=True)
+class SessionOverview:
+    """One session as the /stats command shows it."""
+
+    session_id: int
+    turns: int
+    context_tokens: int
+    messages_in_context: int
+    summaries_in_context: int
+    compressions: int
+    system_prompt: str
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    id: int
+    key: str
+    state: str
+    created_at: datetime
+    last_active_at: datetime
+    messages: int
+    turns: int
+    compressions: int
+
+
+@dataclass(frozen=True)
+class SessionPage:
+    total: int
+    active: int
+    sessions: list[SessionSummary]
+
+
+@dataclass(frozen=True)
+class MessageView:
+    seq: int
+    turn_index: int
+    role: str
+    text: str
+    tokens: int
+    in_context: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class SessionDetail:
+    summary: SessionSummary
+    system_prompt: str
+    context_tokens: int
+    messages: list[MessageView]
+
+
+@dataclass(frozen=True)
+class SessionCounts:
+    in_memory: int
+    stored: int
+    active: int
+
+
+class SessionStore:
+    def __init__(self, db: Database, chat_format: ChatFormat, settings: ContextSettings) -> None:
+        self.db = db
+        self.chat_format = chat_format
+        self.settings = settings
+        self._sessions: dict[str, SessionState] = {}
+        self._loading = asyncio.Lock()
+
+    def key(self, conversation: Conversation) -> str:
+        key = f"{conversation.channel}:{conversation.chat_id}"
+        if self.settings.session_scope == "user" and conversation.user_id:
+            return f"{key}:user:{conversation.user_id}"
+        if self.settings.session_scope == "thread" and conversation.thread_id:
+            return f"{key}:thread:{conversation.thread_id}"
+        return key
+
+    def loaded(self, conversation: Conversation) -> SessionState | None:
+        """The conversation's session if it is in memory, without touching the database."""
+        return self._sessions.get(self.key(conversation))
+
+    async def open(self, conversation: Conversation, seed: Transcript | None = None) -> SessionState:
+        """The conversation's active session, loaded or created. `seed`: the earlier conversation
+        a new session starts from (an API client's transcript)."""
+        key = self.key(conversation)
+        async with self._loading:
+            state = self._sessions.get(key)
+            if state is None or state.closed:
+                state = await asyncio.to_thread(self._load_or_create, key, conversation, seed)
+                self._sessions[key] = state
+            return state
+
+    @asynccontextmanager
+    async def locked(self, conversation: Conversation, seed: Transcript | None = None) -> AsyncIterator[SessionState]:
+        """The active session, under its lock; if it closed while this waited (a reset), the new one."""
+        while True:
+            state = await self.open(conversation, seed)
+            async with state.lock:
+                if not state.closed:
+                    yield state
+                    return
+
+    async def save_turn(
+        self,
+        state: SessionState,
+        question: tuple[str, list[int]],
+        answer: tuple[str, list[int]],
+        compression: Compression | None,
+    ) -> None:
+        """The turn's two messages, after the compression it needed if any. Call under the lock."""
+        summaries = compression.summaries if compression is not None else []
+        user_seq = state.next_seq + len(summaries)
+        await asyncio.to_thread(self._write_turn, state, compression, user_seq, question, answer)
+        if compression is not None:
+            state.history = compression.history
+            state.compressions += 1
+        for offset, (role, (text, ids)) in enumerate((("user", question), ("assistant", answer))):
+            state.history.append(role, ids, text=text, turn_index=state.next_turn, seq=user_seq + offset)
+            state.transcript.append((role, text))
+        state.next_seq = user_seq + 2
+        state.next_turn += 1
+
+    async def save_compression(self, state: SessionState, compression: Compression) -> None:
+        """A compression made between turns. Call under the lock."""
+        await asyncio.to_thread(self._write_compression_alone, state, compression)
+        state.history = compression.history
+        state.next_seq += len(compression.summaries)
+        state.compressions += 1
+
+    async def reset(self, conversation: Conversation) -> None:
+        """Close the current session (its history stays in the database); the next turn starts anew."""
+        async with self.locked(conversation) as state:
+            await asyncio.to_thread(self._close, state.id)
+            state.closed = True
+
+    async def set_system_prompt(self, conversation: Conversation, system_prompt: str | None) -> None:
+        """Per chat and persisted. The system prompt heads the token history, so a new one starts a
+        new session."""
+        await asyncio.to_thread(self._save_system_prompt, conversation, system_prompt)
+        await self.reset(conversation)
+
+    def forget(self, session_keys: list[str]) -> None:
+        """Drop sessions closed behind the store's back (the idle-session job) from memory."""
+        for key in session_keys:
+            state = self._sessions.pop(key, None)
+            if state is not None:
+                state.closed = True
+
+    async def overview(self, conversation: Conversation) -> SessionOverview:
+        state = await self.open(conversation)
+        records = state.history.records
+        return SessionOverview(
+            session_id=state.id,
+            turns=state.next_turn,
+            context_tokens=state.history.num_tokens,
+            messages_in_context=sum(1 for record in records if record.role in ("user", "assistant")),
+            summaries_in_context=sum(1 for record in records if record.role == "summary"),
+            compressions=state.compressions,
+            system_prompt=scrub(state.system_prompt),
+        )
+
+    # --- reads for the chat page and the console ------------------------------------------------
+
+    async def visible_messages(self, conversation: Conversation) -> list[tuple[str, str]]:
+        """(role, text) of the active session's user and assistant messages; none before the first."""
+        return await asyncio.to_thread(self._visible_messages, self.key(conversation))
+
+    async def page(self, limit: int, offset: int) -> SessionPage:
+        """Sessions, most recently active first."""
+        return await asyncio.to_thread(self._page, limit, offset)
+
+    async def detail(self, session_id: int) -> SessionDetail | None:
+        return await asyncio.to_thread(self._detail, session_id)
+
+    async def counts(self) -> SessionCounts:
+        return await asyncio.to_thread(self._counts)
+
+    # --- the database (worker threads) -----------------------------------------------------------
+
+    def _load_or_create(self, key: str, conversation: Conversation, seed: Transcript | None) -> SessionState:
+        with self.db.session() as session:
+            chat = ChatRepository(session).get_or_create(
+                conversation.chat_id, channel=conversation.channel, chat_type=conversation.chat_type
+            )
+            sessions = SessionRepository(session)
+            row = sessions.active(key)
+            if row is None:
+                if seed is not None:
+                    system_prompt = seed.system_prompt
+                elif chat.system_prompt is not None:
+                    system_prompt = chat.system_prompt
+                else:
+                    system_prompt = self.settings.system_prompt
+                row = sessions.create(key, chat_id=chat.id, system_prompt=system_prompt)
+                if seed is not None:
+                    self._write_seed(MessageRepository(session), row.id, seed)
+            messages = MessageRepository(session).of_session(row.id)
+            history = TokenHistory()
+            if row.system_prompt:
+                framed = self.chat_format.message("system", row.system_prompt)
+                history.append("system", framed, text=row.system_prompt, turn_index=-1, seq=-1)
+            for message in context_of(row, messages):
+                history.append(
+                    message.role,  # type: ignore[arg-type]  # the roles stored are the history's roles
+                    message.token_ids,
+                    text=message.text,
+                    turn_index=message.turn_index,
+                    seq=message.seq,
+                )
+            return SessionState(
+                id=row.id,
+                key=key,
+                system_prompt=row.system_prompt or "",
+                history=history,
+                next_seq=max((message.seq for message in messages), default=-1) + 1,
+                next_turn=max((message.turn_index for message in messages), default=-1) + 1,
+                compressions=row.compressions,
+                transcript=[(m.role, m.text) for m in messages if m.role in ("user", "assistant")],
+            )
+
+    def _write_seed(self, messages: MessageRepository, session_id: int, seed: Transcript) -> None:
+        """The earlier messages of a transcript, framed as if this session had lived them."""
+        for seq, message in enumerate(seed.messages):
+            text = message.content.strip()
+            if message.role == "user":
+                ids = self.chat_format.message("user", text)
+            else:
+                ids = self.chat_format.reply(self.chat_format.encode(text))
+            messages.add(session_id, seq=seq, turn_index=seq // 2, role=message.role, text=text, token_ids=ids)
+
+    def _write_turn(
+        self,
+        state: SessionState,
+        compression: Compression | None,
+        user_seq: int,
+        question: tuple[str, list[int]],
+        answer: tuple[str, list[int]],
+    ) -> None:
+        with self.db.session() as session:
+            if compression is not None:
+                _write_compression(session, state.id, compression)
+            messages = MessageRepository(session)
+            for offset, (role, (text, ids)) in enumerate((("user", question), ("assistant", answer))):
+                messages.add(
+                    state.id, seq=user_seq + offset, turn_index=state.next_turn, role=role, text=text, token_ids=ids
+                )
+            SessionRepository(session).touch(state.id)
+
+    def _write_compression_alone(self, state: SessionState, compression: Compression) -> None:
+        with self.db.session() as session:
+            _write_compression(session, state.id, compression)
+
+    def _close(self, session_id: int) -> None:
+        with self.db.session() as session:
+            SessionRepository(session).close(session_id)
+
+    def _save_system_prompt(self, conversation: Conversation, system_prompt: str | None) -> None:
+        with self.db.session() as session:
+            chats = ChatRepository(session)
+            chats.get_or_create(conversation.chat_id, channel=conversation.channel, chat_type=conversation.chat_type)
+            chats.set_system_prompt(conversation.chat_id, system_prompt)
+
+    def _visible_messages(self, key: str) -> list[tuple[str, str]]:
+        with self.db.session() as session:
+            row = SessionRepository(session).active(key)
+            messages = MessageRepository(session).of_session(row.id) if row is not None else []
+            return [(m.role, m.text) for m in messages if m.role in ("user", "assistant")]
+
+    def _page(self, limit: int, offset: int) -> SessionPage:
+        with self.db.session() as session:
+            repository = SessionRepository(session)
+            rows = repository.recent(limit, offset)
+            counts = MessageRepository(session).counts([row.id for row in rows])
+            return SessionPage(
+                total=repository.count(),
+                active=repository.count("active"),
+                sessions=[_summary(row, *counts.get(row.id, (0, 0))) for row in rows],
+            )
+
+    def _detail(self, session_id: int) -> SessionDetail | None:
+        with self.db.session() as session:
+            row = SessionRepository(session).get(session_id)
+            if row is None:
+                return None
+            messages = MessageRepository(session).of_session(session_id)
+            in_context = {message.seq for message in context_of(row, messages)}
+            views = [
+                MessageView(
+                    seq=m.seq, turn_index=m.turn_index, role=m.role, text=m.text, tokens=len(m.token_ids),
+                    in_context=m.seq in in_context, created_at=m.created_at,
+                )
+                for m in messages
+            ]
+            turns = max((m.turn_index for m in messages), default=-1) + 1
+            return SessionDetail(
+                summary=_summary(row, len(messages), turns),
+                system_prompt=row.system_prompt or "",
+                context_tokens=sum(view.tokens for view in views if view.in_context),
+                messages=views,
+            )
+
+    def _counts(self) -> SessionCounts:
+        with self.db.session() as session:
+            repository = SessionRepository(session)
+            return SessionCounts(
+                in_memory=len(self._sessions), stored=repository.count(), active=repository.count("active")
+            )
+
+
+def context_of(row: ChatSession, messages: Sequence[Message]) -> list[Message]:
+    """The messages in the session's prompt, in prompt order: after a compression, the ones it
+    kept (summaries included) and every later one; before any, all of them."""
+    if row.context_seqs is None:
+        return list(messages)
+    by_seq = {message.seq: message for message in messages}
+    kept = [by_seq[seq] for seq in row.context_seqs]
+    return kept + [message for message in messages if message.seq > (row.compacted_through_seq or -1)]
+
+
+def _write_compression(session: Session, session_id: int, compression: Compression) -> None:
+    messages = MessageRepository(session)
+    history = compression.history
+    for record in compression.summaries:
+        messages.add(
+            session_id, seq=record.seq, turn_index=record.turn_index, role="summary", text=record.text,
+            token_ids=history.ids_of(record),
+        )
+    row = SessionRepository(session).get(session_id)
+    assert row is not None
+    row.context_seqs = [record.seq for record in history.records if record.role != "system"]
+    # Everything up to the summaries is decided; later messages follow them.
+    row.compacted_through_seq = max(record.seq for record in compression.summaries)
+    row.compressions += 1
+
+
+def _summary(row: ChatSession, messages: int, turns: int) -> SessionSummary:
+    return SessionSummary(
+        id=row.id, key=row.key, state=row.state, created_at=row.created_at, last_active_at=row.last_active_at,
+        messages=messages, turns=turns, compressions=row.compressions,
+    )
+

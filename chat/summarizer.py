@@ -1,0 +1,55 @@
+"""Summaries of dropped spans of a conversation, written by the served model."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Mapping
+
+from engine import ChatFormat, LLMEngine, SamplingParams
+
+SUMMARIZER_PROMPT = (
+    "You condense conversations. Summarize the conversation below in a few sentences. "
+    "Keep names, numbers, facts, decisions and open questions; drop greetings and filler."
+)
+SUMMARY_PREFIX = "Summary of an earlier part of this conversation: "
+# The prompt's framing and instructions, in tokens, on top of the transcript.
+PROMPT_OVERHEAD_TOKENS = 64
+
+
+class Summarizer:
+    """Writes one summary per span, concurrently, so the engine batches them and a turn waits for
+    one, not all. The newest `capacity` summaries are kept by span digest: a span dropped again
+    (the same ids, in another compression or another session) is not summarized again.
+
+    `chat_format` should have thinking off, so the summary comes first."""
+
+    def __init__(self, engine: LLMEngine, chat_format: ChatFormat, max_tokens: int, capacity: int) -> None:
+        self.engine = engine
+        self.chat_format = chat_format
+        self.max_tokens = max_tokens
+        self.capacity = capacity
+        self._summaries: OrderedDict[str, str] = OrderedDict()
+
+    async def summaries(self, transcripts: Mapping[str, str]) -> dict[str, str]:
+        """Span digest -> transcript in, span digest -> summary out."""
+        missing = [digest for digest in transcripts if digest not in self._summaries]
+        written = await asyncio.gather(*(self._write(transcripts[digest]) for digest in missing))
+        for digest, summary in zip(missing, written, strict=True):
+            self._summaries[digest] = SUMMARY_PREFIX + summary.strip()
+        found = {digest: self._summaries[digest] for digest in transcripts}
+        for digest in transcripts:
+            self._summaries.move_to_end(digest)
+        while len(self._summaries) > self.capacity:
+            self._summaries.popitem(last=False)
+        return found
+
+    async def _write(self, transcript: str) -> str:
+        limit = self.engine.max_model_len - self.max_tokens - PROMPT_OVERHEAD_TOKENS
+        body = self.chat_format.encode(transcript)[: max(limit // 2, 64)]
+        prompt = self.chat_format.prompt(SUMMARIZER_PROMPT, self.chat_format.tokenizer.decode(body))
+        params = SamplingParams(temperature=0.0, max_tokens=self.max_tokens)
+        deltas = [delta async for delta in self.engine.stream(prompt, params)]
+        if deltas[-1].finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"the summary was not written ({deltas[-1].finish_reason})")
+        return "".join(delta.text for delta in deltas)

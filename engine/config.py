@@ -1,0 +1,45 @@
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Device = Literal["auto", "cpu", "cuda"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine needs to start; `LLMEngine.from_pretrained(model, **options)` fills it.
+
+    These defaults are the only copy: the app's `engine` settings take theirs from here. The KV
+    pool is sized once: from `kv_cache_tokens` on CPU, from `gpu_memory_fraction` of the GPU on
+    CUDA. `max_model_len` (None: the model's own) is capped at the model's
+    `max_position_embeddings` and at the pool's capacity, so a single request always fits.
+    """
+
+    model: str = "auto"
+    data_dir: str = "data"
+    device: Device = "auto"
+    dtype: DType = "auto"
+    block_size: int = 16
+    # On CPU: 16k tokens of Qwen3-0.6B in fp32 take 3.7 GB, what a laptop can spare.
+    kv_cache_tokens: int = 16384
+    gpu_memory_fraction: float = 0.85
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.device not in get_args(Device):
+            raise ValueError(f"device must be one of {get_args(Device)}, got {self.device!r}")
+        if self.dtype not in get_args(DType):
+            raise ValueError(f"dtype must be one of {get_args(DType)}, got {self.dtype!r}")
+        for name in ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not 0.0 < self.gpu_memory_fraction <= 1.0:
+            raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.kv_cache_tokens < self.block_size:
+            raise ValueError("kv_cache_tokens must hold at least one block")

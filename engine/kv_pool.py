@@ -1,0 +1,209 @@
+import hashlib
+from array import array
+from dataclasses import dataclass
+
+from .sequence import Sequence
+
+
+@dataclass(eq=False)
+class Block:
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: bytes | None = None
+    prev: "Block | None" = None
+    next: "Block | None" = None
+
+
+class FreeBlockQueue:
+    """Doubly linked list of the blocks nobody references, least recently used first.
+
+    Unlike a deque it removes a block from the middle in O(1): a cached block leaves the queue
+    when a prefix hit revives it.
+    """
+
+    def __init__(self, blocks: list[Block]) -> None:
+        self.head = Block(-1)
+        self.tail = Block(-1)
+        self.head.next, self.tail.prev = self.tail, self.head
+        self.num_blocks = 0
+        for block in blocks:
+            self.append(block)
+
+    def __len__(self) -> int:
+        return self.num_blocks
+
+    def popleft(self) -> Block:
+        assert self.num_blocks > 0
+        block = self.head.next
+        self.remove(block)
+        return block
+
+    def append(self, block: Block) -> None:
+        self._insert(block, self.tail.prev)
+
+    def appendleft(self, block: Block) -> None:
+        self._insert(block, self.head)
+
+    def remove(self, block: Block) -> None:
+        assert block.prev is not None and block.next is not None
+        block.prev.next, block.next.prev = block.next, block.prev
+        block.prev = block.next = None
+        self.num_blocks -= 1
+
+    def _insert(self, block: Block, after: Block) -> None:
+        assert block.prev is None and block.next is None
+        block.prev, block.next = after, after.next
+        after.next.prev = block
+        after.next = block
+        self.num_blocks += 1
+
+
+def hash_block_tokens(parent_hash: bytes | None, token_ids: list[int]) -> bytes:
+    """Chained: a block's hash covers every token before it, so equal hashes mean equal prefixes."""
+    digest = hashlib.sha256(parent_hash or b"")
+    digest.update(array("q", token_ids).tobytes())
+    return digest.digest()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(a // -b)
+
+
+@dataclass(frozen=True)
+class KVPoolFigures:
+    block_size: int
+    blocks_total: int
+    blocks_used: int
+    blocks_free: int
+    blocks_cached: int
+    usage: float
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    prefix_hit_rate: float
+
+
+class KVPool:
+    """Paged KV blocks: block tables, reference counts and the prefix cache of full blocks.
+
+    A full block is registered under its chained hash once its KV is computed. When its last
+    user leaves it stays cached, at the back of the free queue; blocks are taken from the front,
+    so cached blocks are evicted least recently used first, after the uncached ones.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        assert num_blocks > 0
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_blocks = FreeBlockQueue(self.blocks)
+        self.cached_blocks: dict[bytes, Block] = {}
+        self.num_queried_tokens = 0
+        self.num_hit_tokens = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    def get_computed_blocks(self, seq: Sequence) -> list[Block]:
+        """The longest cached prefix of `seq` in full blocks, short of its last token, whose logits
+        the model must still produce."""
+        if not self.enable_prefix_caching:
+            return []
+        hits = []
+        for block_hash in self._block_hashes(seq, (seq.num_tokens - 1) // self.block_size):
+            block = self.cached_blocks.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def allocate(self, seq: Sequence, computed_blocks: list[Block], num_new_tokens: int) -> bool:
+        """Admits `seq` with its cached prefix and room for `num_new_tokens` more; False, and no
+        change, when the free blocks do not suffice."""
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        num_cached_tokens = len(computed_blocks) * self.block_size
+        num_new_blocks = cdiv(num_cached_tokens + num_new_tokens, self.block_size) - len(computed_blocks)
+        num_revived = sum(block.ref_cnt == 0 for block in computed_blocks)
+        if num_new_blocks + num_revived > self.num_free_blocks:
+            return False
+        for block in computed_blocks:
+            if block.ref_cnt == 0:
+                self.free_blocks.remove(block)
+            block.ref_cnt += 1
+            seq.block_table.append(block.block_id)
+        seq.num_computed_tokens = num_cached_tokens
+        self._append_blocks(seq, num_new_blocks)
+        if self.enable_prefix_caching:
+            self.num_queried_tokens += seq.num_tokens
+            self.num_hit_tokens += num_cached_tokens
+        return True
+
+    def may_append(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Grows the block table of a running `seq` to hold `num_new_tokens` more."""
+        num_new_blocks = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(seq.block_table)
+        if num_new_blocks > self.num_free_blocks:
+            return False
+        self._append_blocks(seq, num_new_blocks)
+        return True
+
+    def cache_full_blocks(self, seq: Sequence, num_computed_before: int) -> None:
+        """Registers the blocks that the last step filled, so that later requests can share them."""
+        if not self.enable_prefix_caching:
+            return
+        first, end = num_computed_before // self.block_size, seq.num_computed_tokens // self.block_size
+        for i, block_hash in enumerate(self._block_hashes(seq, end)[first:], start=first):
+            block = self.blocks[seq.block_table[i]]
+            if block.block_hash is None and block_hash not in self.cached_blocks:
+                block.block_hash = block_hash
+                self.cached_blocks[block_hash] = block
+
+    def deallocate(self, seq: Sequence) -> None:
+        # a sequence's last blocks are freed first, so they are evicted before its shared prefix
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            assert block.ref_cnt > 0
+            block.ref_cnt -= 1
+            if block.ref_cnt > 0:
+                continue
+            if block.block_hash is None:
+                self.free_blocks.appendleft(block)
+            else:
+                self.free_blocks.append(block)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    def figures(self) -> KVPoolFigures:
+        num_free = self.num_free_blocks
+        return KVPoolFigures(
+            block_size=self.block_size,
+            blocks_total=self.num_blocks,
+            blocks_used=self.num_blocks - num_free,
+            blocks_free=num_free,
+            blocks_cached=len(self.cached_blocks),
+            usage=(self.num_blocks - num_free) / self.num_blocks,
+            prefix_queried_tokens=self.num_queried_tokens,
+            prefix_hit_tokens=self.num_hit_tokens,
+            prefix_hit_rate=self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0,
+        )
+
+    def _append_blocks(self, seq: Sequence, num_blocks: int) -> None:
+        for _ in range(num_blocks):
+            block = self.free_blocks.popleft()
+            assert block.ref_cnt == 0
+            if block.block_hash is not None:
+                del self.cached_blocks[block.block_hash]
+                block.block_hash = None
+            block.ref_cnt = 1
+            seq.block_table.append(block.block_id)
+
+    def _block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        hashes = seq.block_hashes
+        for i in range(len(hashes), num_blocks):
+            tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens))
+        return hashes[:num_blocks]
+

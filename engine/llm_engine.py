@@ -1,0 +1,355 @@
+import asyncio
+import itertools
+import logging
+import operator
+import random
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import torch
+
+from .checkpoints import eos_token_ids, load_config, load_tokenizer, resolve_checkpoint
+from .config import EngineConfig
+from .core import EngineCore
+from .detokenizer import IncrementalDetokenizer
+from .metrics import EngineFigures, RequestFigures
+from .outputs import FinishReason, RequestOutput, StreamDelta
+from .sampling_params import SamplingParams
+from .sequence import Sequence
+from .weights import build_model, resolve_device, resolve_dtype
+
+logger = logging.getLogger(__name__)
+
+SEED_MASK = (1 << 63) - 1
+
+OutputCallback = Callable[[StreamDelta, RequestOutput | None], None]
+
+
+@dataclass(eq=False)
+class Request:
+    """A sequence and what its caller gets from it: text, and deltas through `callback`."""
+
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    callback: OutputCallback | None
+
+
+class LLMEngine:
+    """Serves Qwen3 requests from one background thread that drives the EngineCore.
+
+    `add_request`, `abort`, `stream` and `generate` may be called from any thread; they validate
+    synchronously (ValueError) and hand requests to the loop, which batches everything in flight.
+    `_lock` guards what both sides touch: the new requests, the aborted ids, the ids in flight and
+    the stopped flag. The core and `_requests` belong to the loop thread alone.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        checkpoint = resolve_checkpoint(config.model, Path(config.data_dir))
+        if checkpoint.is_demo:
+            logger.warning(
+                "engine.model is the built-in demo model %s: random weights, it produces meaningless text. "
+                "Point engine.model at a Qwen3 checkpoint directory or hub id for real answers.",
+                checkpoint.name,
+            )
+        hf_config = load_config(checkpoint)
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        model = build_model(hf_config, checkpoint.path, device, dtype)
+        self.tokenizer = load_tokenizer(Path(config.tokenizer) if config.tokenizer else checkpoint.path)
+        self.core = EngineCore(model, config, eos_token_ids(checkpoint.path, hf_config, self.tokenizer))
+        logger.info("loaded %s from %s on %s (%s)", checkpoint.name, checkpoint.path, device, dtype)
+        self.model_name = checkpoint.name
+        self.is_demo_model = checkpoint.is_demo
+        self.vocab_size = hf_config.vocab_size
+        self.device, self.dtype = device, dtype
+        self.max_model_len = self.core.max_model_len
+        self._lock = threading.Condition()
+        self._new_requests: list[Request] = []
+        self._aborted: set[str] = set()
+        self._live: set[str] = set()
+        self._stopped = False
+        self._requests: dict[str, Request] = {}
+        self._arrivals = itertools.count()
+        self._num_threads = torch.get_num_threads()
+        self._thread = threading.Thread(target=self._run_loop, name="llm-engine", daemon=True)
+
+    @classmethod
+    def from_pretrained(cls, model: str = EngineConfig.model, **options: Any) -> Self:
+        return cls(EngineConfig(model=model, **options))
+
+    def start(self) -> Self:
+        """Starts the step loop; requests are refused before."""
+        self._thread.start()
+        return self
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def add_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        priority: int | None = None,
+        callback: OutputCallback | None = None,
+    ) -> str:
+        """Queues one request; `callback(delta, output)` runs on the engine thread for every
+        increment, with the RequestOutput on the last one."""
+        request = self._make_request(prompt_token_ids, params, request_id, priority, callback)
+        self._enqueue([request])
+        return request.seq.request_id
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            if request_id in self._live:
+                self._aborted.add(request_id)
+                self._lock.notify()
+
+    def generate(
+        self, prompt_token_ids: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Runs the prompts together and blocks until all are done; outputs in prompt order."""
+        params_list = params if isinstance(params, list) else [params] * len(prompt_token_ids)
+        if len(params_list) != len(prompt_token_ids):
+            raise ValueError(f"{len(params_list)} SamplingParams for {len(prompt_token_ids)} prompts")
+        futures: list[Future[RequestOutput]] = [Future() for _ in prompt_token_ids]
+        requests = [
+            self._make_request(prompt, p, None, None, _resolve_on_finish(future))
+            for prompt, p, future in zip(prompt_token_ids, params_list, futures, strict=True)
+        ]
+        self._enqueue(requests)
+        try:
+            return [future.result() for future in futures]
+        finally:
+            for request in requests:
+                self.abort(request.seq.request_id)
+
+    def stream(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        priority: int | None = None,
+    ) -> AsyncIterator[StreamDelta]:
+        """Yields StreamDeltas as tokens arrive; closing or cancelling the consumer aborts the
+        request. Bad input raises ValueError here, before the first iteration."""
+        request = self._make_request(prompt_token_ids, params, request_id, priority, None)
+        return self._stream(request)
+
+    async def _stream(self, request: Request) -> AsyncIterator[StreamDelta]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[StreamDelta] = asyncio.Queue()
+        request.callback = lambda delta, output: loop.call_soon_threadsafe(queue.put_nowait, delta)
+        self._enqueue([request])
+        try:
+            while True:
+                delta = await queue.get()
+                yield delta
+                if delta.finished:
+                    return
+        finally:
+            self.abort(request.seq.request_id)
+
+    @property
+    def num_waiting_requests(self) -> int:
+        """Requests not yet running: what admission control compares with its limit."""
+        with self._lock:
+            return len(self._new_requests) + len(self.core.scheduler.waiting)
+
+    def figures(self) -> EngineFigures:
+        """Read while the loop runs: each figure is current, the set is not one instant's."""
+        scheduler = self.core.scheduler
+        return EngineFigures(
+            model=self.model_name,
+            is_demo_model=self.is_demo_model,
+            device=str(self.device),
+            dtype=str(self.dtype).removeprefix("torch."),
+            max_model_len=self.max_model_len,
+            requests=RequestFigures(
+                running=len(scheduler.running), waiting=self.num_waiting_requests, preemptions=scheduler.num_preemptions
+            ),
+            kv_cache=self.core.kv_pool.figures(),
+            activity=self.core.metrics.figures(),
+        )
+
+    def is_running(self) -> bool:
+        return self._thread.is_alive() and not self._stopped
+
+    def shutdown(self) -> None:
+        """Stops the loop; requests still in flight finish with finish_reason "abort"."""
+        with self._lock:
+            self._stopped = True
+            self._lock.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _make_request(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None,
+        request_id: str | None,
+        priority: int | None,
+        callback: OutputCallback | None,
+    ) -> Request:
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        params.validate()
+        token_ids = self._validate_prompt(prompt_token_ids)
+        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        request_id = uuid.uuid4().hex if request_id is None else str(request_id)
+        with self._lock:
+            self._check_request_id(request_id)
+        seq = Sequence(
+            request_id=request_id,
+            token_ids=token_ids,
+            params=params,
+            priority=params.priority if priority is None else priority,
+            arrival=next(self._arrivals),
+            seed=(random.getrandbits(63) if params.seed is None else params.seed) & SEED_MASK,
+        )
+        return Request(seq, IncrementalDetokenizer(self.tokenizer, params.stop), callback)
+
+    def _validate_prompt(self, prompt_token_ids: list[int]) -> list[int]:
+        try:
+            token_ids = [operator.index(t) for t in prompt_token_ids]
+        except TypeError:
+            raise ValueError("prompt_token_ids must be a list of integer token ids") from None
+        if not token_ids:
+            raise ValueError("prompt_token_ids is empty: a prompt needs at least one token")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(token_ids)} tokens; this engine takes at most {self.max_model_len - 1} "
+                f"(max_model_len {self.max_model_len}, leaving room for one generated token)"
+            )
+        bad = next((i for i, t in enumerate(token_ids) if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(
+                f"token id {token_ids[bad]} at position {bad} is outside the vocabulary [0, {self.vocab_size})"
+            )
+        return token_ids
+
+    def _check_request_id(self, request_id: str) -> None:
+        if self._stopped:
+            raise RuntimeError("the engine is shut down")
+        if not self._thread.is_alive():
+            raise RuntimeError("the engine is not started: call start() or use it as a context manager")
+        if request_id in self._live:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+
+    def _enqueue(self, requests: list[Request]) -> None:
+        with self._lock:
+            for request in requests:
+                self._check_request_id(request.seq.request_id)
+            for request in requests:
+                self._live.add(request.seq.request_id)
+            self._new_requests.extend(requests)
+            self._lock.notify()
+
+    def _run_loop(self) -> None:
+        # a new thread starts with OpenMP's default team size, not the one the process chose
+        torch.set_num_threads(self._num_threads)
+        while True:
+            with self._lock:
+                while not (
+                    self._stopped or self._new_requests or self._aborted or self.core.has_unfinished_sequences()
+                ):
+                    self._lock.wait()
+                new_requests, self._new_requests = self._new_requests, []
+                aborted, self._aborted = self._aborted, set()
+                stopped = self._stopped
+            for request in new_requests:
+                self._requests[request.seq.request_id] = request
+                self.core.add(request.seq)
+            for request_id in aborted:
+                if request_id in self._requests:
+                    self._finish(self._requests[request_id], "abort")
+            if stopped:
+                break
+            if not self.core.has_unfinished_sequences():
+                continue
+            try:
+                for seq, token_id in self.core.step():
+                    self._on_token(self._requests[seq.request_id], token_id)
+            except Exception:
+                logger.exception("engine step failed; the requests in flight end with finish_reason 'error'")
+                self._finish_all("error")
+        self._finish_all("abort")
+
+    def _on_token(self, request: Request, token_id: int) -> None:
+        seq = request.seq
+        if seq.finish_reason == "stop":  # EOS or a stop token id: not part of the text
+            self._finish(request, "stop", [token_id])
+        elif request.detokenizer.append(token_id):  # the text now holds a stop string
+            self._finish(request, "stop", [token_id])
+        elif seq.is_finished:
+            assert seq.finish_reason is not None
+            self._finish(request, seq.finish_reason, [token_id])
+        else:
+            self._emit(request, StreamDelta([token_id], request.detokenizer.take_delta(finished=False)), None)
+
+    def _finish(self, request: Request, reason: FinishReason, token_ids: list[int] | None = None) -> None:
+        seq = request.seq
+        if seq.request_id not in self._requests:
+            return  # finished already, e.g. by its callback failing
+        del self._requests[seq.request_id]
+        if not seq.is_finished:
+            self.core.finish(seq, reason)
+        with self._lock:
+            self._live.discard(seq.request_id)
+        request.detokenizer.flush()
+        output = RequestOutput(
+            request_id=seq.request_id,
+            token_ids=seq.output_token_ids,
+            text=request.detokenizer.text,
+            finish_reason=reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=seq.num_cached_tokens,
+            ttft_s=seq.ttft_s,
+        )
+        delta = StreamDelta(
+            token_ids=token_ids or [],
+            text=request.detokenizer.take_delta(finished=True),
+            finished=True,
+            finish_reason=reason,
+            num_cached_tokens=seq.num_cached_tokens,
+            num_prompt_tokens=seq.num_prompt_tokens,
+        )
+        self._emit(request, delta, output)
+
+    def _finish_all(self, reason: FinishReason) -> None:
+        with self._lock:
+            new_requests, self._new_requests = self._new_requests, []
+        for request in new_requests:
+            self._requests[request.seq.request_id] = request
+            self.core.add(request.seq)
+        for request in list(self._requests.values()):
+            self._finish(request, reason)
+
+    def _emit(self, request: Request, delta: StreamDelta, output: RequestOutput | None) -> None:
+        if request.callback is None:
+            return
+        try:
+            request.callback(delta, output)
+        except Exception:
+            logger.exception("output callback of request %s failed; aborting it", request.seq.request_id)
+            self._finish(request, "abort")
+
+
+def _resolve_on_finish(future: Future[RequestOutput]) -> OutputCallback:
+    def callback(delta: StreamDelta, output: RequestOutput | None) -> None:
+        if output is not None:
+            future.set_result(output)
+
+    return callback

@@ -1,0 +1,134 @@
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from .attention import AttentionMetadata, DecodeBucket, PrefillSpan
+from .config import EngineConfig
+from .kv_pool import cdiv
+from .model import Qwen3ForCausalLM
+from .scheduler import ScheduledBatch
+from .sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+# decode attention gathers each bucket's KV into one padded tensor; this bounds its size
+MAX_DECODE_GATHER_TOKENS = 32768
+
+
+@dataclass
+class ModelInput:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sample_seqs: list[Sequence]
+
+
+class ModelRunner:
+    """Owns the model and its KV pool tensors; turns a scheduled batch into logits."""
+
+    def __init__(self, model: Qwen3ForCausalLM, config: EngineConfig) -> None:
+        self.model = model
+        weight = model.model.embed_tokens.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.block_size = config.block_size
+        hf_config = model.config
+        head_dim = model.model.layers[0].self_attn.head_dim
+        num_layers, num_kv_heads = hf_config.num_hidden_layers, hf_config.num_key_value_heads
+        # K and V of one block in every layer
+        block_bytes = 2 * num_layers * config.block_size * num_kv_heads * head_dim * self.dtype.itemsize
+        self.num_blocks = self._num_blocks(config, block_bytes)
+        self.kv_cache = torch.zeros(
+            2, num_layers, self.num_blocks, config.block_size, num_kv_heads, head_dim, dtype=self.dtype, device=self.device
+        )
+        logger.info(
+            "KV pool: %d blocks of %d tokens, %.2f GiB",
+            self.num_blocks,
+            config.block_size,
+            self.kv_cache.numel() * self.kv_cache.element_size() / 2**30,
+        )
+
+    def _num_blocks(self, config: EngineConfig, block_bytes: int) -> int:
+        if self.device.type != "cuda":
+            return cdiv(config.kv_cache_tokens, config.block_size)
+        free, total = torch.cuda.mem_get_info(self.device)
+        hf_config, itemsize = self.model.config, self.dtype.itemsize
+        per_token = (
+            4 * hf_config.hidden_size
+            + 3 * hf_config.intermediate_size
+            + 2 * self.model.model.layers[0].self_attn.q_size
+        )
+        activations = 2 * config.max_num_batched_tokens * per_token * itemsize
+        logits = 4 * config.max_num_seqs * hf_config.vocab_size * 4
+        budget = total * config.gpu_memory_fraction - (total - free) - activations - logits
+        num_blocks = int(budget // block_bytes) - cdiv(MAX_DECODE_GATHER_TOKENS, config.block_size)
+        if num_blocks < 1:
+            raise ValueError(f"no GPU memory left for the KV cache at gpu_memory_fraction={config.gpu_memory_fraction}")
+        return num_blocks
+
+    @torch.inference_mode()
+    def run(self, scheduled: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
+        """Computes the scheduled tokens; returns the sequences due a new token and their logits."""
+        batch = self.prepare(scheduled)
+        hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_cache)
+        return batch.sample_seqs, self.model.compute_logits(hidden[batch.logits_indices])
+
+    def prepare(self, scheduled: ScheduledBatch) -> ModelInput:
+        decodes = sorted((seq for seq, n in scheduled if n == 1), key=lambda s: s.num_computed_tokens, reverse=True)
+        prefills = [(seq, n) for seq, n in scheduled if n > 1]
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        logits_indices: list[int] = []
+        sample_seqs: list[Sequence] = []
+        spans = []
+        for seq, num_new_tokens in [(seq, 1) for seq in decodes] + prefills:
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
+            assert len(seq.block_table) == cdiv(end, self.block_size)
+            spans.append((len(input_ids), seq, start, end))
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            slots.extend(
+                seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end)
+            )
+            if end == seq.num_tokens:
+                logits_indices.append(len(input_ids) - 1)
+                sample_seqs.append(seq)
+        meta = AttentionMetadata(
+            slot_mapping=self._tensor(slots),
+            decodes=self._decode_buckets(decodes),
+            prefills=[self._prefill_span(*span) for span in spans[len(decodes) :]],
+        )
+        return ModelInput(
+            self._tensor(input_ids), self._tensor(positions), meta, self._tensor(logits_indices), sample_seqs
+        )
+
+    def _decode_buckets(self, decodes: list[Sequence]) -> list[DecodeBucket]:
+        """`decodes` is sorted longest first. A bucket ends where a context is under 3/4 of its
+        longest, which bounds the padding, or where the gathered KV would pass its bound."""
+        buckets = []
+        start = 0
+        while start < len(decodes):
+            num_blocks = len(decodes[start].block_table)
+            limit = min(len(decodes), start + max(1, MAX_DECODE_GATHER_TOKENS // (num_blocks * self.block_size)))
+            end = start + 1
+            while end < limit and 4 * len(decodes[end].block_table) >= 3 * num_blocks:
+                end += 1
+            block_tables = [seq.block_table + [0] * (num_blocks - len(seq.block_table)) for seq in decodes[start:end]]
+            context_lens = self._tensor([seq.num_computed_tokens + 1 for seq in decodes[start:end]])
+            mask = torch.arange(num_blocks * self.block_size, device=self.device)[None, :] < context_lens[:, None]
+            buckets.append(DecodeBucket(start, end, self._tensor(block_tables), mask[:, None, None, :]))
+            start = end
+        return buckets
+
+    def _prefill_span(self, offset: int, seq: Sequence, start: int, end: int) -> PrefillSpan:
+        mask = None
+        if start > 0:
+            mask = (
+                torch.arange(end, device=self.device)[None, :] <= torch.arange(start, end, device=self.device)[:, None]
+            )
+        return PrefillSpan(offset, offset + end - start, end, self._tensor(seq.block_table), mask)
+
+    def _tensor(self, values: list) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)

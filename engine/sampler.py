@@ -1,0 +1,75 @@
+import math
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], steps: list[int]) -> torch.Tensor:
+    """One token per row of `logits` [batch, vocab], every row with its own parameters.
+
+    Randomness is a hash of (seed, step, token id) rather than a generator's state, so a seeded
+    request draws the same tokens in any batch, after a preemption, and on CPU or CUDA.
+    """
+    logits = logits.float()
+    greedy = logits.argmax(dim=-1)
+    if all(p.temperature == 0 for p in params):
+        return greedy
+    device, vocab_size = logits.device, logits.shape[-1]
+
+    def column(values: list) -> torch.Tensor:
+        return torch.tensor(values, device=device)
+
+    is_greedy = column([p.temperature == 0 for p in params])
+    temperature = column([p.temperature or 1.0 for p in params])
+    # greedy rows keep one candidate, so that they never force a full-vocabulary sort
+    top_p = column([p.top_p if p.temperature else 1.0 for p in params])
+    top_k = torch.where(
+        is_greedy,
+        1,
+        torch.where(
+            column([p.dynamic_top_k for p in params]),
+            torch.where(
+                top_probability(logits) >= column([p.confidence for p in params]),
+                column([p.min_top_k for p in params]),
+                column([p.max_top_k for p in params]),
+            ),
+            column([p.top_k or vocab_size for p in params]),
+        ),
+    ).clamp(max=vocab_size)
+    # top-p acts within the top-k, so the largest k bounds the candidates: only rows with no
+    # top-k (k = vocabulary) pay for a full-vocabulary sort
+    num_candidates = int(top_k.max())
+    values, token_ids = (logits / temperature[:, None]).topk(num_candidates, dim=-1)
+    ranks = torch.arange(num_candidates, device=device)
+    values = values.masked_fill(ranks >= top_k[:, None], -math.inf)
+    probs = values.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    values = values.masked_fill(mass_before >= top_p[:, None], -math.inf)
+    noise = gumbel_noise(column(seeds), column(steps), token_ids)
+    choice = (values + noise).argmax(dim=-1, keepdim=True)
+    sampled = token_ids.gather(-1, choice).squeeze(-1)
+    return torch.where(is_greedy, greedy, sampled)
+
+
+def top_probability(logits: torch.Tensor) -> torch.Tensor:
+    return (logits.max(dim=-1).values - logits.logsumexp(dim=-1)).exp()
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    # torch shifts int64 arithmetically; masking the sign extension makes it logical
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise from splitmix64 over (seed, step, token id); int64 products wrap."""
+    x = seeds[:, None] * _signed(0x9E3779B97F4A7C15) + steps[:, None] * _signed(0xC2B2AE3D27D4EB4F) + token_ids
+    x = (x ^ _shift_right(x, 30)) * _signed(0xBF58476D1CE4E5B9)
+    x = (x ^ _shift_right(x, 27)) * _signed(0x94D049BB133111EB)
+    x = x ^ _shift_right(x, 31)
+    uniform = (_shift_right(x, 11).double() + 0.5) / float(1 << 53)
+    return (-(-uniform.log()).log()).float()

@@ -1,0 +1,74 @@
+"""The model on its device, in its dtype, with every checkpoint tensor in place."""
+
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from transformers import Qwen3Config
+
+from .model import MergedLinear, Qwen3ForCausalLM
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but CUDA is not available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def build_model(config: Qwen3Config, path: Path, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(config)
+    model = model.to(dtype).to_empty(device=device)
+    load_weights(model, path)
+    return model.eval()
+
+
+def load_weights(model: Qwen3ForCausalLM, path: Path) -> None:
+    """Copies every checkpoint tensor into its parameter; sharded checkpoints are all the
+    `*.safetensors` files of the directory. Fails if any parameter (or merged shard) is left unloaded."""
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors weights")
+    params = dict(model.named_parameters())
+    unloaded = {(name, shard) for name in params for shard in parameter_shards(model, name)}
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as tensors:
+            for name in tensors.keys():
+                if model.tie_word_embeddings and name == "lm_head.weight":
+                    continue
+                target, shard = packed_target(model, name)
+                if target not in params:
+                    logger.warning("%s: ignoring unexpected weight %s", path, name)
+                    continue
+                weight = tensors.get_tensor(name)
+                if shard is None:
+                    assert params[target].shape == weight.shape, f"{name}: shape {tuple(weight.shape)}"
+                    params[target].data.copy_(weight)
+                else:
+                    model.get_submodule(target.rsplit(".", 1)[0]).load_shard(params[target], shard, weight)
+                unloaded.discard((target, shard))
+    if unloaded:
+        raise ValueError(f"{path}: checkpoint lacks weights for {sorted(n for n, _ in unloaded)}")
+
+
+def parameter_shards(model: Qwen3ForCausalLM, name: str) -> list[str | None]:
+    module = model.get_submodule(name.rsplit(".", 1)[0])
+    return list(module.shards) if isinstance(module, MergedLinear) else [None]
+
+
+def packed_target(model: Qwen3ForCausalLM, name: str) -> tuple[str, str | None]:
+    for checkpoint_name, (packed_name, shard) in model.packed_modules_mapping.items():
+        if f".{checkpoint_name}." in name:
+            return name.replace(f".{checkpoint_name}.", f".{packed_name}."), shard
+    return name, None

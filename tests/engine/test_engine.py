@@ -1,0 +1,216 @@
+import asyncio
+import threading
+
+import pytest
+import torch
+
+from engine import LLMEngine, RequestOutput, SamplingParams, StreamDelta
+from engine.metrics import RequestFigures
+
+
+@pytest.fixture(scope="module")
+def engine(small_checkpoint):
+    with LLMEngine.from_pretrained(
+        str(small_checkpoint.path), kv_cache_tokens=4096, max_num_batched_tokens=256
+    ) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def bigram(bigram_checkpoint):
+    with LLMEngine.from_pretrained(str(bigram_checkpoint.path), kv_cache_tokens=1024) as engine:
+        yield engine
+
+
+def prompt_of(length: int, seed: int = 0, vocab_size: int = 1000) -> list[int]:
+    return torch.randint(0, vocab_size, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+class Collector:
+    """Gathers every request's deltas and final output from the engine thread."""
+
+    def __init__(self) -> None:
+        self.deltas: dict[str, list[StreamDelta]] = {}
+        self.outputs: dict[str, RequestOutput] = {}
+        self.lock = threading.Condition()
+
+    def __call__(self, delta: StreamDelta, output: RequestOutput | None) -> None:
+        with self.lock:
+            self.deltas.setdefault(output.request_id if output else "", []).append(delta)
+            if output is not None:
+                self.outputs[output.request_id] = output
+                self.lock.notify_all()
+
+    def wait(self, count: int) -> dict[str, RequestOutput]:
+        with self.lock:
+            assert self.lock.wait_for(lambda: len(self.outputs) >= count, timeout=60)
+            return dict(self.outputs)
+
+
+def test_shared_prefix_is_reused_with_the_same_output(engine, small_checkpoint) -> None:
+    prefix = prompt_of(200, seed=1)
+    first, second = prefix + prompt_of(9, seed=2), prefix + prompt_of(13, seed=3)
+    params = SamplingParams(max_tokens=16)
+    engine.generate([first], params)
+    cached = engine.generate([second], params)[0]
+    assert cached.num_cached_tokens >= 200 // 16 * 16
+    with LLMEngine.from_pretrained(
+        str(small_checkpoint.path), kv_cache_tokens=1024, enable_prefix_caching=False
+    ) as plain:
+        uncached = plain.generate([second], params)[0]
+    assert uncached.num_cached_tokens == 0
+    assert cached.token_ids == uncached.token_ids == small_checkpoint.greedy(second, 16)
+
+
+def test_pool_returns_to_its_initial_free_count_after_finish_and_abort(engine) -> None:
+    collector = Collector()
+    ids = [
+        engine.add_request(prompt_of(n, seed=n), SamplingParams(max_tokens=40), callback=collector)
+        for n in (5, 50, 120, 300, 33, 250)
+    ]
+    for request_id in ids[::2]:
+        engine.abort(request_id)
+    outputs = collector.wait(len(ids))
+    assert {outputs[i].finish_reason for i in ids[1::2]} == {"length"}
+    assert all(outputs[i].finish_reason in ("abort", "length") for i in ids[::2])
+    pool = engine.core.kv_pool
+    assert pool.num_free_blocks == pool.num_blocks
+    assert all(block.ref_cnt == 0 for block in pool.blocks)
+
+
+def test_seeded_sampling_is_reproducible_in_any_batch(engine) -> None:
+    prompt = prompt_of(40, seed=5)
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=24)
+    alone = engine.generate([prompt], params)[0]
+    batched = engine.generate([prompt_of(70, seed=6), prompt, prompt_of(3, seed=7)], params)[1]
+    assert alone.token_ids == batched.token_ids
+    other_seed = engine.generate([prompt], SamplingParams(temperature=1.0, top_p=0.9, seed=99, max_tokens=24))[0]
+    assert other_seed.token_ids != alone.token_ids
+
+
+def test_top_k_1_equals_greedy_through_the_engine(engine) -> None:
+    prompts = [prompt_of(n, seed=n) for n in (4, 60)]
+    greedy = engine.generate(prompts, SamplingParams(max_tokens=20))
+    top1 = engine.generate(prompts, SamplingParams(temperature=0.8, top_k=1, seed=3, max_tokens=20))
+    assert [o.token_ids for o in greedy] == [o.token_ids for o in top1]
+
+
+def test_eos_stops_and_stays_out_of_the_text(bigram, tokenizer, bigram_text, im_end) -> None:
+    output = bigram.generate([tokenizer.encode("Q")], SamplingParams())[0]
+    assert output.finish_reason == "stop"
+    assert output.token_ids[-1] == im_end
+    assert output.text == bigram_text
+    assert output.num_prompt_tokens == 1
+
+
+def test_max_tokens_and_ignore_eos(bigram, tokenizer, im_end) -> None:
+    prompt = tokenizer.encode("Q")
+    short = bigram.generate([prompt], SamplingParams(max_tokens=3))[0]
+    assert (short.finish_reason, short.text, len(short.token_ids)) == ("length", "你好，世界", 3)
+    long = bigram.generate([prompt], SamplingParams(max_tokens=30, ignore_eos=True))[0]
+    assert long.finish_reason == "length" and len(long.token_ids) == 30 and im_end in long.token_ids
+
+
+def test_stop_strings_and_stop_token_ids(bigram, tokenizer) -> None:
+    prompt = tokenizer.encode("Q")
+    across_tokens = bigram.generate([prompt], SamplingParams(stop=["世界！流", "never"]))[0]
+    assert (across_tokens.finish_reason, across_tokens.text) == ("stop", "你好，")
+    inside_a_character = bigram.generate([prompt], SamplingParams(stop="𠀀"))[0]
+    assert inside_a_character.text == "你好，世界！流式输出测试：龘"
+    stop_token = tokenizer.encode("测试")[0]
+    by_token = bigram.generate([prompt], SamplingParams(stop_token_ids=[stop_token]))[0]
+    assert (by_token.finish_reason, by_token.text, by_token.token_ids[-1]) == (
+        "stop",
+        "你好，世界！流式输出",
+        stop_token,
+    )
+
+
+async def collect(stream) -> list[StreamDelta]:
+    return [delta async for delta in stream]
+
+
+async def test_chinese_streams_without_replacement_characters(bigram, tokenizer, bigram_text, im_end) -> None:
+    deltas = await collect(bigram.stream(tokenizer.encode("Q"), SamplingParams()))
+    assert all("\ufffd" not in d.text for d in deltas)
+    assert any(d.token_ids and not d.text for d in deltas)  # a character split across tokens waited
+    assert "".join(d.text for d in deltas) == bigram_text
+    assert [t for d in deltas for t in d.token_ids] == tokenizer.encode(bigram_text) + [im_end]
+    assert [d.finished for d in deltas] == [False] * (len(deltas) - 1) + [True]
+    assert (deltas[-1].finish_reason, deltas[-1].num_prompt_tokens) == ("stop", 1)
+    with_stop = await collect(bigram.stream(tokenizer.encode("Q"), SamplingParams(stop="测试：")))
+    assert "".join(d.text for d in with_stop) == "你好，世界！流式输出"
+
+
+async def test_cancelling_a_stream_aborts_it_and_frees_its_blocks(engine) -> None:
+    aborted_before = engine.figures().activity.finish_reasons.get("abort", 0)
+    stream = engine.stream(prompt_of(100, seed=9), SamplingParams(max_tokens=200))
+    async for delta in stream:
+        if delta.token_ids:
+            break
+    await stream.aclose()
+    for _ in range(200):
+        if engine.figures().activity.finish_reasons.get("abort", 0) > aborted_before:
+            break
+        await asyncio.sleep(0.02)
+    assert engine.figures().activity.finish_reasons["abort"] == aborted_before + 1
+    assert engine.core.kv_pool.num_free_blocks == engine.core.kv_pool.num_blocks
+
+
+def test_bad_input_raises_and_the_engine_keeps_serving(engine, small_checkpoint) -> None:
+    good_prompt = prompt_of(50, seed=11)
+    collector = Collector()
+    good = engine.add_request(good_prompt, SamplingParams(max_tokens=48), callback=collector)
+    zero_tokens = SamplingParams()
+    zero_tokens.max_tokens = 0
+    bad_inputs = [
+        ([], SamplingParams(), "empty"),
+        ([1] * engine.max_model_len, SamplingParams(), "at most"),
+        ([1, 2, 1000], SamplingParams(), "outside the vocabulary"),
+        ([1, -3], SamplingParams(), "outside the vocabulary"),
+        (["a", 2], SamplingParams(), "integer"),
+        ([1, 2], zero_tokens, "max_tokens"),
+    ]
+    for prompt, params, message in bad_inputs:
+        with pytest.raises(ValueError, match=message):
+            engine.add_request(prompt, params)
+        with pytest.raises(ValueError, match=message):
+            engine.stream(prompt, params)
+        with pytest.raises(ValueError, match=message):
+            engine.generate([good_prompt, prompt], params)
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    output = collector.wait(1)[good]
+    assert output.finish_reason == "length"
+    assert output.token_ids == small_checkpoint.greedy(good_prompt, 48)
+    assert engine.figures().requests == RequestFigures(running=0, waiting=0, preemptions=0)
+
+
+def test_figures_expose_the_engine(engine) -> None:
+    engine.generate([prompt_of(20, seed=12)], SamplingParams(max_tokens=4))
+    figures = engine.figures()
+    assert figures.kv_cache.blocks_total == engine.core.kv_pool.num_blocks
+    assert 0 <= figures.kv_cache.prefix_hit_rate <= 1
+    activity = figures.activity
+    assert activity.ttft_s.count > 0 and activity.ttft_s.p50 is not None and activity.ttft_s.p50 > 0
+    assert activity.generation_tokens_per_s > 0 and activity.batch_size.max >= 1
+    assert figures.dtype == "float32" and figures.is_demo_model is False
+
+
+def test_a_request_before_start_is_refused(small_checkpoint) -> None:
+    engine = LLMEngine.from_pretrained(str(small_checkpoint.path), kv_cache_tokens=256)
+    with pytest.raises(RuntimeError, match="not started"):
+        engine.add_request(prompt_of(10), SamplingParams())
+    assert not engine.is_running()
+
+
+def test_shutdown_aborts_requests_in_flight(small_checkpoint) -> None:
+    engine = LLMEngine.from_pretrained(str(small_checkpoint.path), kv_cache_tokens=1024).start()
+    collector = Collector()
+    request_id = engine.add_request(prompt_of(10), SamplingParams(max_tokens=500, ignore_eos=True), callback=collector)
+    assert engine.is_running()
+    engine.shutdown()
+    assert not engine.is_running()
+    assert collector.wait(1)[request_id].finish_reason in ("abort", "length")
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.add_request(prompt_of(10), SamplingParams())

@@ -1,0 +1,96 @@
+import pytest
+
+from engine.kv_pool import Block, FreeBlockQueue, KVPool
+from engine import SamplingParams
+from engine.sequence import Sequence
+
+BLOCK = 4
+
+
+@pytest.fixture
+def new_seq():
+    arrivals = iter(range(1000))
+
+    def make(token_ids: list[int], priority: int = 0) -> Sequence:
+        return Sequence(
+            request_id=f"r{token_ids[:3]}",
+            token_ids=list(token_ids),
+            params=SamplingParams(),
+            priority=priority,
+            arrival=next(arrivals),
+            seed=0,
+        )
+
+    return make
+
+
+def admit(pool: KVPool, seq: Sequence) -> int:
+    """Admits `seq` with its whole prompt, as if computed in one step; returns its cached tokens."""
+    computed = pool.get_computed_blocks(seq)
+    cached = len(computed) * BLOCK
+    assert pool.allocate(seq, computed, seq.num_tokens - cached)
+    seq.num_computed_tokens = seq.num_tokens
+    pool.cache_full_blocks(seq, cached)
+    return cached
+
+
+def test_free_block_queue_removes_from_the_middle_in_order() -> None:
+    blocks = [Block(i) for i in range(5)]
+    queue = FreeBlockQueue(blocks)
+    queue.remove(blocks[2])
+    queue.appendleft(blocks[2])
+    queue.remove(blocks[4])
+    queue.append(blocks[4])
+    assert [queue.popleft().block_id for _ in range(len(queue))] == [2, 0, 1, 3, 4]
+
+
+def test_prefix_hits_share_blocks_and_stop_short_of_the_last_token(new_seq) -> None:
+    pool = KVPool(16, BLOCK, enable_prefix_caching=True)
+    first = new_seq(list(range(10)))
+    assert admit(pool, first) == 0
+    second = new_seq(list(range(9)) + [99, 100])
+    assert admit(pool, second) == 8
+    assert second.block_table[:2] == first.block_table[:2]
+    assert pool.blocks[first.block_table[0]].ref_cnt == 2
+    # an identical 8-token prompt may reuse only its first block: the last token needs logits
+    assert admit(pool, new_seq(list(range(8)))) == 4
+    assert pool.figures().prefix_hit_tokens == 12
+
+
+def test_freed_cached_blocks_are_evicted_least_recently_used_first(new_seq) -> None:
+    pool = KVPool(4, BLOCK, enable_prefix_caching=True)
+    old, recent = new_seq([1] * 5), new_seq([2] * 5)
+    for seq in (old, recent):
+        admit(pool, seq)
+        pool.deallocate(seq)
+    assert pool.num_free_blocks == 4 and len(pool.cached_blocks) == 2
+    # two blocks come from the uncached ones, the third evicts `old`'s block, not `recent`'s
+    admit(pool, new_seq([3] * 12))
+    assert len(pool.get_computed_blocks(new_seq([2] * 5))) == 1
+    assert pool.get_computed_blocks(new_seq([1] * 5)) == []
+
+
+def test_deallocate_returns_every_block(new_seq) -> None:
+    pool = KVPool(8, BLOCK, enable_prefix_caching=True)
+    seqs = [new_seq(list(range(n))) for n in (3, 9, 9, 14)]
+    for seq in seqs[:3]:
+        admit(pool, seq)
+    assert not pool.allocate(seqs[3], pool.get_computed_blocks(seqs[3]), 14)
+    assert not seqs[3].block_table
+    for seq in seqs[:3]:
+        pool.deallocate(seq)
+    assert pool.num_free_blocks == pool.num_blocks
+    assert all(block.ref_cnt == 0 for block in pool.blocks)
+
+
+def test_may_append_grows_block_by_block(new_seq) -> None:
+    pool = KVPool(3, BLOCK, enable_prefix_caching=False)
+    seq = new_seq(list(range(4)))
+    admit(pool, seq)
+    assert len(seq.block_table) == 1
+    assert pool.may_append(seq, 1) and len(seq.block_table) == 2
+    seq.num_computed_tokens = 8
+    assert pool.may_append(seq, 4) and len(seq.block_table) == 3
+    seq.num_computed_tokens = 12
+    assert not pool.may_append(seq, 1)
+    assert pool.get_computed_blocks(seq) == [] and not pool.cached_blocks

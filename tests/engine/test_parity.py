@@ -1,0 +1,53 @@
+"""Greedy outputs of our engine equal transformers' generate(), token for token."""
+
+import torch
+
+from engine import LLMEngine, SamplingParams
+
+NEW_TOKENS = 32
+
+
+def ragged_prompts(vocab_size: int, seed: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab_size, (n,), generator=generator).tolist() for n in (1, 5, 16, 17, 64, 130, 255, 300)]
+
+
+def shared_prefix_prompts(prompts: list[list[int]]) -> list[list[int]]:
+    base = prompts[-1]
+    return [
+        base,  # all of it cached but the last block
+        base[:160] + prompts[2],
+        base[:160] + prompts[4],
+        base[:33],
+        prompts[5] + base[:40],
+        base[:200] + prompts[1],
+    ]
+
+
+def assert_parity(engine: LLMEngine, checkpoint, prompts: list[list[int]]) -> list:
+    outputs = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS))
+    for prompt, output in zip(prompts, outputs):
+        assert output.token_ids == checkpoint.greedy(prompt, NEW_TOKENS), f"prompt of {len(prompt)} tokens"
+    return outputs
+
+
+def test_greedy_parity_with_shared_prefixes(parity_checkpoint) -> None:
+    vocab_size = parity_checkpoint.hf_model.config.vocab_size
+    prompts = ragged_prompts(vocab_size)
+    with LLMEngine.from_pretrained(str(parity_checkpoint.path), max_num_batched_tokens=256) as engine:
+        assert_parity(engine, parity_checkpoint, prompts)
+        outputs = assert_parity(engine, parity_checkpoint, shared_prefix_prompts(prompts))
+        assert outputs[0].num_cached_tokens == (300 - 1) // 16 * 16
+        assert all(o.num_cached_tokens > 0 for o in outputs)
+        assert engine.core.kv_pool.num_free_blocks == engine.core.kv_pool.num_blocks
+
+
+def test_greedy_parity_under_preemption(parity_checkpoint) -> None:
+    vocab_size = parity_checkpoint.hf_model.config.vocab_size
+    prompts = ragged_prompts(vocab_size, seed=1)
+    # 40 blocks of 16 tokens for ~1000 prompt tokens plus 8 x 32 generated ones
+    options = dict(kv_cache_tokens=640, max_num_batched_tokens=128)
+    with LLMEngine.from_pretrained(str(parity_checkpoint.path), **options) as engine:
+        assert_parity(engine, parity_checkpoint, prompts + shared_prefix_prompts(prompts)[1:3])
+        assert engine.figures().requests.preemptions > 0
+        assert engine.core.kv_pool.num_free_blocks == engine.core.kv_pool.num_blocks

@@ -1,0 +1,119 @@
+"""Builds every part from the settings and serves them as one FastAPI app: the only module that
+knows them all. Start-up and shutdown are the app's lifespan; periodic work is APScheduler jobs
+on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+from bot import FeishuBot
+from cache.embeddings import build_embedder
+from cache.judge import LLMJudge
+from cache.response_cache import ResponseCache
+from chat import ChatManager, SessionStore
+from chat.compression import Compressor
+from chat.merging import RequestMerger
+from chat.summarizer import Summarizer
+from engine import ChatFormat, EngineConfig, LLMEngine, StreamDelta
+from settings import Settings
+from storage import Database
+from storage.maintenance import run_maintenance
+from web import admin, chat_page, health, metrics, openai_api
+from web.limits import BodySizeLimit, RateLimiter
+from web.monitor import Monitor
+from web.telemetry import RequestMetrics, Telemetry
+from web.templating import STATIC_DIR
+
+log = logging.getLogger("clawdbot")
+
+
+def build_chat_manager(settings: Settings, engine: LLMEngine, db: Database) -> ChatManager:
+    chat_format = ChatFormat.for_tokenizer(engine.tokenizer, enable_thinking=settings.context.enable_thinking)
+    # The judge and the summarizer want the answer itself, never a think block first.
+    direct_format = ChatFormat.for_tokenizer(engine.tokenizer)
+    embedder = build_embedder(settings.cache)
+    judge = LLMJudge(engine, direct_format) if settings.cache.llm_judge and not engine.is_demo_model else None
+    context = settings.context
+    summarizer = Summarizer(engine, direct_format, context.summary_max_tokens, context.summary_cache_entries)
+    return ChatManager(
+        engine,
+        chat_format,
+        SessionStore(db, chat_format, context),
+        ResponseCache(settings.cache, embedder, db, judge=judge),
+        Compressor(context, embedder, summarizer, chat_format),
+        RequestMerger[StreamDelta](),
+        context=context,
+        generation=settings.generation,
+        max_message_chars=settings.limits.max_message_chars,
+    )
+
+
+def build_app(settings: Settings) -> FastAPI:
+    db = Database(settings.storage.url, busy_timeout_ms=settings.storage.busy_timeout_ms, echo=settings.storage.echo_sql)
+    db.upgrade()
+    engine = LLMEngine(EngineConfig(**settings.engine.model_dump()))
+    chat_manager = build_chat_manager(settings, engine, db)
+    bot = FeishuBot(settings.feishu, chat_manager, db)
+    telemetry = Telemetry(chat_manager)
+    chat_manager.turn_observers.append(telemetry.observe_turn)
+    monitor = Monitor(chat_manager, settings.admin.history_points)
+
+    async def maintenance() -> None:
+        report = await asyncio.to_thread(
+            run_maintenance, db, session_idle_ttl=timedelta(seconds=settings.sessions.idle_ttl_s)
+        )
+        chat_manager.sessions.forget(report.closed_session_keys)
+        await chat_manager.cache.purge_expired()
+
+    scheduler = AsyncIOScheduler(timezone="UTC")
+    scheduler.add_job(
+        maintenance, "interval", seconds=settings.maintenance.interval_s, id="maintenance", max_instances=1, coalesce=True
+    )
+    scheduler.add_job(
+        monitor.sample, "interval", seconds=settings.admin.sample_interval_s, id="console-sample", max_instances=1,
+        coalesce=True,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await chat_manager.cache.load()
+        engine.start()
+        scheduler.start()
+        await bot.start()
+        log.info("serving on http://%s:%d", settings.server.host, settings.server.port)
+        try:
+            yield
+        finally:
+            await bot.stop()
+            scheduler.shutdown(wait=False)
+            await chat_manager.close()
+            engine.shutdown()
+            db.close()
+            log.info("stopped cleanly")
+
+    app = FastAPI(title="Clawdbot", lifespan=lifespan)
+    app.state.settings = settings
+    app.state.chat_manager = chat_manager
+    app.state.readiness_checks = {"database": db.ping, "model": engine.is_running}
+    app.state.telemetry = telemetry
+    app.state.monitor = monitor
+    app.state.rate_limiter = RateLimiter(settings.limits.requests_per_minute)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.limits.max_body_bytes)
+    app.add_middleware(RequestMetrics, telemetry=telemetry)
+    app.include_router(health.router)
+    app.include_router(bot.router)
+    app.include_router(openai_api.router)
+    app.include_router(chat_page.router)
+    app.include_router(admin.pages_router)
+    app.include_router(admin.api_router)
+    app.include_router(metrics.router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app

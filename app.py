@@ -1,6 +1,6 @@
 """Clawdbot: read the settings, prepare the process, serve until SIGINT or SIGTERM.
 
-    python app.py [--config PATH]
+python app.py [--config PATH]
 """
 
 from __future__ import annotations

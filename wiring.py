@@ -57,7 +57,9 @@ def build_chat_manager(settings: Settings, engine: LLMEngine, db: Database) -> C
 
 
 def build_app(settings: Settings) -> FastAPI:
-    db = Database(settings.storage.url, busy_timeout_ms=settings.storage.busy_timeout_ms, echo=settings.storage.echo_sql)
+    db = Database(
+        settings.storage.url, busy_timeout_ms=settings.storage.busy_timeout_ms, echo=settings.storage.echo_sql
+    )
     db.upgrade()
     engine = LLMEngine(EngineConfig(**settings.engine.model_dump()))
     chat_manager = build_chat_manager(settings, engine, db)
@@ -75,10 +77,19 @@ def build_app(settings: Settings) -> FastAPI:
 
     scheduler = AsyncIOScheduler(timezone="UTC")
     scheduler.add_job(
-        maintenance, "interval", seconds=settings.maintenance.interval_s, id="maintenance", max_instances=1, coalesce=True
+        maintenance,
+        "interval",
+        seconds=settings.maintenance.interval_s,
+        id="maintenance",
+        max_instances=1,
+        coalesce=True,
     )
     scheduler.add_job(
-        monitor.sample, "interval", seconds=settings.admin.sample_interval_s, id="console-sample", max_instances=1,
+        monitor.sample,
+        "interval",
+        seconds=settings.admin.sample_interval_s,
+        id="console-sample",
+        max_instances=1,
         coalesce=True,
     )
 

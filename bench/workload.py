@@ -96,7 +96,9 @@ def build_scripts(workload: Workload, requests: int, max_copies: int) -> list[Sc
     rng = random.Random(workload.seed)
     builders = {
         "faq": lambda n: [Script("faq", (_popular(workload.faq, rng).question,)) for _ in range(n)],
-        "paraphrase": lambda n: [Script("paraphrase", (rng.choice(_popular(workload.faq, rng).paraphrases),)) for _ in range(n)],
+        "paraphrase": lambda n: [
+            Script("paraphrase", (rng.choice(_popular(workload.faq, rng).paraphrases),)) for _ in range(n)
+        ],
         "burst": lambda n: _bursts(workload.burst, n, min(workload.burst.size, max_copies), rng),
         "multi_turn": lambda n: _multi_turn(workload, n, rng),
         "long": lambda n: _long(workload.long, n, rng),
@@ -160,4 +162,3 @@ def _log(long: LongTraffic, rng: random.Random) -> str:
         f"order_id={rng.randrange(10**8)}, trace_id={rng.getrandbits(64):016x}"
         for _ in range(long.log_lines)
     )
-

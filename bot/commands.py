@@ -64,11 +64,11 @@ class Commands:
     async def _stats(self, conversation: Conversation, _: str) -> str:
         figures = self._chat_manager.figures()
         sections = {
-            "This chat": await self._chat_manager.sessions.overview(conversation),
-            "Cache": figures.cache,
-            "Engine": figures.engine,
+            "This chat": dataclasses.asdict(await self._chat_manager.sessions.overview(conversation)),
+            "Cache": dataclasses.asdict(figures.cache),
+            "Engine": dataclasses.asdict(figures.engine),
         }
-        return "\n\n".join(_format_section(title, dataclasses.asdict(values)) for title, values in sections.items())
+        return "\n\n".join(_format_section(title, values) for title, values in sections.items())
 
 
 def _format_section(title: str, values: Mapping[str, object]) -> str:

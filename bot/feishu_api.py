@@ -40,8 +40,9 @@ Response = TypeVar("Response", bound=lark.BaseResponse)
 class FeishuApiError(Exception):
     def __init__(self, what: str, response: lark.BaseResponse) -> None:
         status = response.raw.status_code if response.raw is not None else None
-        super().__init__(f"{what} failed: HTTP {status}, code {response.code}: {response.msg} "
-                         f"(log id {response.get_log_id()})")
+        super().__init__(
+            f"{what} failed: HTTP {status}, code {response.code}: {response.msg} (log id {response.get_log_id()})"
+        )
         self.code = response.code
 
 
@@ -75,8 +76,9 @@ class FeishuApi:
         response = await self._call("bot info", lambda: self._client.arequest(request))
         return json.loads(response.raw.content)["bot"]["open_id"]
 
-    async def reply(self, message_id: str, msg_type: str, content: dict[str, Any], *, uuid: str,
-                    in_thread: bool = False) -> str:
+    async def reply(
+        self, message_id: str, msg_type: str, content: dict[str, Any], *, uuid: str, in_thread: bool = False
+    ) -> str:
         """Reply to `message_id`; returns the id of the message sent."""
         request = (
             ReplyMessageRequest.builder()
@@ -113,8 +115,9 @@ class FeishuApi:
         response = await self._call("card create", lambda: self._client.cardkit.v1.card.acreate(request))
         return response.data.card_id
 
-    async def set_element_content(self, card_id: str, element_id: str, content: str, *, sequence: int,
-                                  uuid: str) -> None:
+    async def set_element_content(
+        self, card_id: str, element_id: str, content: str, *, sequence: int, uuid: str
+    ) -> None:
         request = (
             ContentCardElementRequest.builder()
             .card_id(card_id)
@@ -126,8 +129,7 @@ class FeishuApi:
         )
         await self._call("card content", lambda: self._client.cardkit.v1.card_element.acontent(request))
 
-    async def set_card_settings(self, card_id: str, settings: dict[str, Any], *, sequence: int,
-                                uuid: str) -> None:
+    async def set_card_settings(self, card_id: str, settings: dict[str, Any], *, sequence: int, uuid: str) -> None:
         request = (
             SettingsCardRequest.builder()
             .card_id(card_id)
@@ -148,8 +150,13 @@ class FeishuApi:
                 raise FeishuApiError(what, response)
             wait_s = self._retry_after(response)
             attempt += 1
-            log.warning("feishu %s: rate limited, retrying in %.1f s (attempt %d of %d)",
-                        what, wait_s, attempt, self._max_attempts)
+            log.warning(
+                "feishu %s: rate limited, retrying in %.1f s (attempt %d of %d)",
+                what,
+                wait_s,
+                attempt,
+                self._max_attempts,
+            )
             await asyncio.sleep(wait_s)
 
     def _retry_after(self, response: lark.BaseResponse) -> float:

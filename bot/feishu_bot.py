@@ -1,7 +1,7 @@
 """FeishuBot: Feishu events in, answers out, one chat queue at a time.
 
-    transport (long connection | webhook) -> lark-oapi dispatcher -> chat lane
-    -> policy (answer? first delivery?) -> command | ChatManager turn -> reply card
+transport (long connection | webhook) -> lark-oapi dispatcher -> chat lane
+-> policy (answer? first delivery?) -> command | ChatManager turn -> reply card
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class FeishuBot:
         while self._policy.bot_open_id is None:
             try:
                 self._policy.bot_open_id = await self._api.bot_open_id()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - network, auth or server: all are retried the same way
                 log.warning("feishu: cannot get the bot's identity (%s); retrying in %.0f s", exc, delay_s)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, IDENTIFY_RETRY_MAX_S)
@@ -115,8 +115,11 @@ class FeishuBot:
             await self._replier.text(message.message_id, UNSUPPORTED, in_thread=in_thread)
             return
         conversation = Conversation(
-            channel="feishu", chat_id=message.chat_id, chat_type=message.chat_type,
-            user_id=message.sender_open_id, thread_id=message.thread_id,
+            channel="feishu",
+            chat_id=message.chat_id,
+            chat_type=message.chat_type,
+            user_id=message.sender_open_id,
+            thread_id=message.thread_id,
         )
         command = parse_command(message.text)
         if command is not None:

@@ -94,7 +94,8 @@ class EventPolicy:
         """The bot's own mention goes; others become @Name, so "ask @Alice" keeps its meaning."""
         names = {
             m.key: "" if m.id is not None and m.id.open_id == self.bot_open_id else f"@{m.name}"
-            for m in mentions if m.key
+            for m in mentions
+            if m.key
         }
         text = PLACEHOLDER.sub(lambda match: names.get(match.group(), ""), text)
         return AT_ALL.sub("", text).strip()

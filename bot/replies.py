@@ -75,11 +75,17 @@ class Replier:
             card_id = await self._api.create_card(_card(PLACEHOLDER, streaming=True))
         except FeishuApiError as exc:
             log.warning("feishu: CardKit refused (%s); patching the card instead", exc)
-            sent = await self._api.reply(message_id, "interactive", _card(PLACEHOLDER, streaming=False),
-                                         uuid=reply_uuid, in_thread=in_thread)
+            sent = await self._api.reply(
+                message_id, "interactive", _card(PLACEHOLDER, streaming=False), uuid=reply_uuid, in_thread=in_thread
+            )
             return PatchedCard(self._api, sent)
-        await self._api.reply(message_id, "interactive", {"type": "card", "data": {"card_id": card_id}},
-                              uuid=reply_uuid, in_thread=in_thread)
+        await self._api.reply(
+            message_id,
+            "interactive",
+            {"type": "card", "data": {"card_id": card_id}},
+            uuid=reply_uuid,
+            in_thread=in_thread,
+        )
         return StreamingCard(self._api, card_id)
 
 
@@ -96,16 +102,18 @@ class StreamingCard:
         if not text or text == self._shown:
             return
         sequence = self._next_sequence()
-        await self._api.set_element_content(self._card_id, ANSWER_ELEMENT, text, sequence=sequence,
-                                            uuid=_uuid(self._card_id, sequence))
+        await self._api.set_element_content(
+            self._card_id, ANSWER_ELEMENT, text, sequence=sequence, uuid=_uuid(self._card_id, sequence)
+        )
         self._shown = text
 
     async def finish(self, text: str) -> None:
         await self.update(text)
         sequence = self._next_sequence()
         settings = {"config": {"streaming_mode": False, "summary": {"content": _summary(self._shown)}}}
-        await self._api.set_card_settings(self._card_id, settings, sequence=sequence,
-                                          uuid=_uuid(self._card_id, sequence))
+        await self._api.set_card_settings(
+            self._card_id, settings, sequence=sequence, uuid=_uuid(self._card_id, sequence)
+        )
 
     def _next_sequence(self) -> int:
         self._sequence += 1
@@ -136,8 +144,11 @@ def _card(text: str, *, streaming: bool) -> dict[str, Any]:
         config |= {
             "streaming_mode": True,
             "summary": {"content": "[Answering…]"},
-            "streaming_config": {"print_frequency_ms": {"default": 30}, "print_step": {"default": 2},
-                                 "print_strategy": "fast"},
+            "streaming_config": {
+                "print_frequency_ms": {"default": 30},
+                "print_step": {"default": 2},
+                "print_strategy": "fast",
+            },
         }
     return {
         "schema": "2.0",

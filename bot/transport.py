@@ -58,7 +58,10 @@ class LongConnection:
         # The SDK module captured whatever loop was current at import and runs everything on it.
         lark_ws_client.loop = self._loop
         client = lark.ws.Client(
-            self._app_id, self._app_secret, event_handler=self._dispatcher, domain=self._domain,
+            self._app_id,
+            self._app_secret,
+            event_handler=self._dispatcher,
+            domain=self._domain,
             log_level=lark.LogLevel.INFO,
         )
         try:
@@ -98,8 +101,9 @@ def webhook_router(dispatcher: lark.EventDispatcherHandler, *, encrypt_key: str)
         headers = {_canonical(name): value for name, value in request.headers.items()}
         refusal = _signature_refusal(headers, body, encrypt_key) if encrypt_key else None
         if refusal is not None:
-            log.warning("feishu webhook: refused a request from %s: %s",
-                        request.client.host if request.client else "?", refusal)
+            log.warning(
+                "feishu webhook: refused a request from %s: %s", request.client.host if request.client else "?", refusal
+            )
             return JSONResponse({"msg": refusal}, status_code=401)
         raw = lark.RawRequest()
         raw.uri = request.url.path

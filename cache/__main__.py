@@ -35,10 +35,13 @@ def main(argv: list[str] | None = None) -> int:
     positives = sum(p.same for p in pairs)
     print(f"embedder {embedder.name}: {len(pairs)} pairs ({positives} same, {len(pairs) - positives} different)")
     print("threshold  precision  recall  | verified: precision  recall")
-    for a, b in zip(plain, verified):
-        print(f"{a.threshold:9.3f}  {a.precision:9.3f}  {a.recall:6.3f}  |           {b.precision:9.3f}  {b.recall:6.3f}")
+    for a, b in zip(plain, verified, strict=True):
+        print(
+            f"{a.threshold:9.3f}  {a.precision:9.3f}  {a.recall:6.3f}  |           {b.precision:9.3f}  {b.recall:6.3f}"
+        )
     for label, points in (("embedding only", plain), ("with verification", verified)):
-        print(f"{label}: lowest threshold for precision >= {args.target}: {_describe(lowest_threshold(points, args.target))}")
+        lowest = lowest_threshold(points, args.target)
+        print(f"{label}: lowest threshold for precision >= {args.target}: {_describe(lowest)}")
     recommended = recommended_threshold(verified if defaults.verify else plain, args.target)
     print(f"recommended (highest threshold keeping 98% of that recall): {_describe(recommended)}")
     if recommended is not None:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from cache.embeddings import Embedder
 from cache.keys import normalize
 from cache.verify import verify
-from cache.embeddings import Embedder
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,9 @@ def score(pairs: list[LabelledPair], embedder: Embedder, min_overlap: float) -> 
     return Scores(similarity=similarity, verified=verified)
 
 
-def curve(pairs: list[LabelledPair], accepted_at: np.ndarray, similarity: np.ndarray, thresholds: np.ndarray) -> list[Point]:
+def curve(
+    pairs: list[LabelledPair], accepted_at: np.ndarray, similarity: np.ndarray, thresholds: np.ndarray
+) -> list[Point]:
     """Precision and recall of "similarity >= t and accepted" for each t (precision 1.0 when nothing passes)."""
     labels = np.array([p.same for p in pairs])
     points = []
@@ -61,12 +63,14 @@ def curve(pairs: list[LabelledPair], accepted_at: np.ndarray, similarity: np.nda
         predicted = (similarity >= threshold) & accepted_at
         true_positives = int(np.sum(predicted & labels))
         count = int(np.sum(predicted))
-        points.append(Point(
-            threshold=round(float(threshold), 4),
-            precision=true_positives / count if count else 1.0,
-            recall=true_positives / int(np.sum(labels)),
-            predicted=count,
-        ))
+        points.append(
+            Point(
+                threshold=round(float(threshold), 4),
+                precision=true_positives / count if count else 1.0,
+                recall=true_positives / int(np.sum(labels)),
+                predicted=count,
+            )
+        )
     return points
 
 

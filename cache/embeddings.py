@@ -64,7 +64,9 @@ class SentenceTransformerEmbedder:
         self._model = SentenceTransformer(path, device="cpu", local_files_only=Path(path).is_dir())
         self._lock = threading.Lock()
         self.name = Path(model).name if Path(model).exists() else model.removeprefix("sentence-transformers/")
-        self.dim = int(self._model.get_embedding_dimension())
+        dim = self._model.get_embedding_dimension()
+        assert dim is not None, f"{model}: the model does not say its embedding size"
+        self.dim = dim
 
     def encode(self, texts: list[str]) -> np.ndarray:
         return _in_batches(texts, self.dim, self._encode_batch)

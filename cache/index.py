@@ -29,7 +29,7 @@ class VectorIndex:
     def add(self, ids: list[int], vectors: np.ndarray) -> None:
         assert vectors.shape == (len(ids), self.dim) and vectors.dtype == np.float32
         assert not any(i in self._vectors for i in ids), "ids must be new"
-        self._vectors.update(zip(ids, vectors))
+        self._vectors.update(zip(ids, vectors, strict=True))
         if self._needs_training():
             self._rebuild()
         else:
@@ -38,14 +38,14 @@ class VectorIndex:
     def remove(self, ids: list[int]) -> None:
         for i in ids:
             del self._vectors[i]
-        self._index.remove_ids(np.asarray(ids, dtype=np.int64))
+        self._index.remove_ids(faiss.IDSelectorBatch(np.asarray(ids, dtype=np.int64)))
 
     def search(self, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
         """Up to `k` (id, similarity), most similar first."""
         if not self._vectors:
             return []
         similarities, ids = self._index.search(vector.reshape(1, self.dim), min(k, len(self._vectors)))
-        return [(int(i), float(s)) for i, s in zip(ids[0], similarities[0]) if i >= 0]
+        return [(int(i), float(s)) for i, s in zip(ids[0], similarities[0], strict=True) if i >= 0]
 
     def _needs_training(self) -> bool:
         size = len(self._vectors)

@@ -42,7 +42,7 @@ def id_card_valid(number: str) -> bool:
     month, day = int(number[10:12]), int(number[12:14])
     if not (1 <= month <= 12 and 1 <= day <= 31):
         return False
-    total = sum(int(digit) * weight for digit, weight in zip(number[:17], _ID_WEIGHTS))
+    total = sum(int(digit) * weight for digit, weight in zip(number[:17], _ID_WEIGHTS, strict=True))
     return _ID_CHECK[total % 11] == number[17].upper()
 
 
@@ -67,19 +67,38 @@ def _always(_: str) -> bool:
 _RULES: tuple[_Rule, ...] = (
     _Rule("id_card", re.compile(r"(?<![\dA-Za-z])\d{17}[\dXx](?![\dA-Za-z])"), id_card_valid),
     _Rule("bank_card", re.compile(r"(?<!\d)\d{4}(?:[ \-]?\d{4}){2,3}(?:[ \-]?\d{1,3})?(?!\d)"), luhn_valid),
-    _Rule("email", re.compile(r"(?<![\w.%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?![A-Za-z])", re.ASCII), _always),
+    _Rule(
+        "email",
+        re.compile(
+            r"(?<![\w.%+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?![A-Za-z])", re.ASCII
+        ),
+        _always,
+    ),
     # mainland mobile, optionally +86: 13812345678, 138-1234-5678, +86 138 1234 5678
-    _Rule("phone", re.compile(rf"{_NOT_AFTER_DIGITS}(?<!\+)(?:\+?86{_SEP})?1[3-9]\d{_SEP}\d{{4}}{_SEP}\d{{4}}(?!\d)"), _always),
+    _Rule(
+        "phone",
+        re.compile(rf"{_NOT_AFTER_DIGITS}(?<!\+)(?:\+?86{_SEP})?1[3-9]\d{_SEP}\d{{4}}{_SEP}\d{{4}}(?!\d)"),
+        _always,
+    ),
     # mainland landline with area code: 010-12345678, (0755) 1234 5678, 0571-8888888
-    _Rule("phone", re.compile(rf"{_NOT_AFTER_DIGITS}(?:\(0\d{{2,3}}\)|0\d{{2,3}})[ \-]?\d{{3,4}}[ \-]?\d{{4}}(?!\d)"), _always),
+    _Rule(
+        "phone",
+        re.compile(rf"{_NOT_AFTER_DIGITS}(?:\(0\d{{2,3}}\)|0\d{{2,3}})[ \-]?\d{{3,4}}[ \-]?\d{{4}}(?!\d)"),
+        _always,
+    ),
     # international with a country code: +1 (415) 555-0123, +44 20 7946 0958
     _Rule("phone", re.compile(r"(?<![\d+])\+\d{1,3}(?:[ \-.]?\(?\d{1,4}\)?){2,5}(?!\d)"), _always),
     # North American: (415) 555-0123, 415-555-0123, 415.555.0123
-    _Rule("phone", re.compile(rf"{_NOT_AFTER_DIGITS}(?:\(\d{{3}}\)\s?|\d{{3}}[\-.])\d{{3}}[\-.]\d{{4}}(?!\d)"), _always),
+    _Rule(
+        "phone", re.compile(rf"{_NOT_AFTER_DIGITS}(?:\(\d{{3}}\)\s?|\d{{3}}[\-.])\d{{3}}[\-.]\d{{4}}(?!\d)"), _always
+    ),
 )
 
 _PLACEHOLDER: dict[Kind, str] = {
-    "id_card": "[ID_CARD]", "bank_card": "[BANK_CARD]", "email": "[EMAIL]", "phone": "[PHONE]",
+    "id_card": "[ID_CARD]",
+    "bank_card": "[BANK_CARD]",
+    "email": "[EMAIL]",
+    "phone": "[PHONE]",
 }
 
 
@@ -103,7 +122,7 @@ def contains_pii(text: str) -> bool:
 def scrub(text: str) -> str:
     """`text` with every match replaced by a placeholder such as [PHONE]; safe for caches and logs."""
     for match in reversed(find_pii(text)):
-        text = text[:match.start] + _PLACEHOLDER[match.kind] + text[match.end:]
+        text = text[: match.start] + _PLACEHOLDER[match.kind] + text[match.end :]
     return text
 
 

@@ -209,7 +209,9 @@ class ResponseCache:
             if self.settings.verify and not verify(question, entry.question, self.settings.min_overlap).same:
                 search.rejected_verify += 1
                 continue
-            search.candidates.append((CacheHit(entry.answer, CacheLevel.SEMANTIC, similarity, entry.id), entry.question))
+            search.candidates.append(
+                (CacheHit(entry.answer, CacheLevel.SEMANTIC, similarity, entry.id), entry.question)
+            )
         return search
 
     def _record_hit(self, entry_id: int, now: float) -> None:
@@ -310,7 +312,9 @@ class ResponseCache:
         self._store.delete(expired)
         return _Written(size, count=len(expired), expired=len(expired))
 
-    async def entries(self, query: str = "", limit: int = 50, order: Literal["recent", "hits"] = "recent") -> list[EntryView]:
+    async def entries(
+        self, query: str = "", limit: int = 50, order: Literal["recent", "hits"] = "recent"
+    ) -> list[EntryView]:
         """Entries whose question contains `query` (normalized): the most recently used or the
         most hit first."""
         return await asyncio.to_thread(self._entries, normalize(query), limit, order)
@@ -319,8 +323,13 @@ class ResponseCache:
         with self._lock:
             views = [
                 EntryView(
-                    id=e.id, scope=e.scope, question=e.question, answer=e.answer, hits=e.usage.hits,
-                    created_at=_datetime(e.usage.created), last_used_at=_datetime(e.usage.last_used),
+                    id=e.id,
+                    scope=e.scope,
+                    question=e.question,
+                    answer=e.answer,
+                    hits=e.usage.hits,
+                    created_at=_datetime(e.usage.created),
+                    last_used_at=_datetime(e.usage.last_used),
                 )
                 for e in self._table
                 if needle in normalize(e.question)

@@ -25,8 +25,14 @@ class CacheStore:
         if self.db is None:
             return next(self._ids)
         row = CacheEntry(
-            scope=scope, key=key, question=question, answer=answer, embedder=self.embedder_name,
-            embedding=vector.astype(np.float32).tobytes(), hits=0, created_at=_datetime(now),
+            scope=scope,
+            key=key,
+            question=question,
+            answer=answer,
+            embedder=self.embedder_name,
+            embedding=vector.astype(np.float32).tobytes(),
+            hits=0,
+            created_at=_datetime(now),
         )
         with self.db.session() as session:
             repository = CacheRepository(session)

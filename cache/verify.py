@@ -25,6 +25,8 @@ _TOKEN = re.compile(r"\d+(?:\.\d+)?|[a-z][a-z']*|[\u3400-\u9fff]")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9'-]*")
 
+# The word tables read best as they are laid out.
+# fmt: off
 # Spelling variants and the commonest question synonyms, folded before tokenizing. Each entry is
 # a paraphrase in every context we have seen; anything doubtful stays out (a miss is cheap).
 _CANONICAL: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -78,6 +80,7 @@ _OPPOSITES: tuple[tuple[str, str], ...] = (
     ("in", "out"), ("on", "off"), ("largest", "smallest"), ("ascending", "descending"), ("compress", "decompress"),
     ("lock", "unlock"), ("zip", "unzip"), ("push", "pull"), ("more", "less"), ("best", "worst"),
 )
+# fmt: on
 _DIRECTION_MARKERS = {"to", "into", "from", "than", "vs", "versus", "换", "转", "成", "到", "比", "从", "给", "向"}
 
 
@@ -143,8 +146,10 @@ def _names(question: str) -> set[str]:
     """Latin words written like names: WiFi, JSON, iPhone, Qwen3, or Capitalized after the first word."""
     words = _LATIN_WORD.findall(unicodedata.normalize("NFKC", question))
     return {
-        w.casefold() for position, w in enumerate(words)
-        if len(w) > 1 and (any(c.isupper() for c in w[1:]) or any(c.isdigit() for c in w) or (position and w[0].isupper()))
+        w.casefold()
+        for position, w in enumerate(words)
+        if len(w) > 1
+        and (any(c.isupper() for c in w[1:]) or any(c.isdigit() for c in w) or (position and w[0].isupper()))
     }
 
 
@@ -157,19 +162,24 @@ def _opposed(text_a: str, tokens_a: set[str], text_b: str, tokens_b: set[str]) -
         return word in tokens if word.isascii() else word in text
 
     for x, y in _OPPOSITES:
-        x_a, y_a, x_b, y_b = has(x, text_a, tokens_a), has(y, text_a, tokens_a), has(x, text_b, tokens_b), has(y, text_b, tokens_b)
+        x_a, y_a, x_b, y_b = (
+            has(x, text_a, tokens_a),
+            has(y, text_a, tokens_a),
+            has(x, text_b, tokens_b),
+            has(y, text_b, tokens_b),
+        )
         if (x_a and not y_a and y_b and not x_b) or (y_a and not x_a and x_b and not y_b):
             return True
     return False
 
 
 def _reordered_across_marker(tokens_a: list[str], tokens_b: list[str]) -> bool:
-    """"celsius to fahrenheit" / "fahrenheit to celsius": the same words on the other side of "to"."""
+    """ "celsius to fahrenheit" / "fahrenheit to celsius": the same words on the other side of "to"."""
     common = set(_content(tokens_a)) & set(_content(tokens_b))
     for marker in _DIRECTION_MARKERS & set(tokens_a) & set(tokens_b):
         # The last one: in "how to convert pdf to word" the first "to" is not a direction.
-        after_a = set(tokens_a[len(tokens_a) - tokens_a[::-1].index(marker):]) & common
-        after_b = set(tokens_b[len(tokens_b) - tokens_b[::-1].index(marker):]) & common
+        after_a = set(tokens_a[len(tokens_a) - tokens_a[::-1].index(marker) :]) & common
+        after_b = set(tokens_b[len(tokens_b) - tokens_b[::-1].index(marker) :]) & common
         if after_a != after_b:
             return True
     return False

@@ -7,5 +7,12 @@ from chat.transcripts import ChatMessage, Transcript
 from chat.turns import InvalidMessage, Turn, TurnResult
 
 __all__ = [
-    "ChatManager", "ChatMessage", "Conversation", "InvalidMessage", "SessionStore", "Transcript", "Turn", "TurnResult",
+    "ChatManager",
+    "ChatMessage",
+    "Conversation",
+    "InvalidMessage",
+    "SessionStore",
+    "Transcript",
+    "Turn",
+    "TurnResult",
 ]

@@ -95,9 +95,7 @@ class ChatManager:
         if not text:
             raise InvalidMessage("The message is empty: send some text.")
         if len(text) > self.max_message_chars:
-            raise InvalidMessage(
-                f"The message is too long ({len(text)} characters; at most {self.max_message_chars})."
-            )
+            raise InvalidMessage(f"The message is too long ({len(text)} characters; at most {self.max_message_chars}).")
         user_ids = self.chat_format.message("user", text)
         # A question may take half the budget; the other half is the conversation it continues.
         limit = self.max_prompt_tokens // 2
@@ -205,7 +203,10 @@ class ChatManager:
             return None
         log.info(
             "session %d compressed: %d -> %d tokens, %d spans summarized",
-            session.id, history.num_tokens, compression.history.num_tokens, len(compression.summaries),
+            session.id,
+            history.num_tokens,
+            compression.history.num_tokens,
+            len(compression.summaries),
         )
         return compression
 

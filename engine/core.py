@@ -43,9 +43,6 @@ class EngineCore:
     def has_unfinished_sequences(self) -> bool:
         return not self.scheduler.is_finished()
 
-    def unfinished_sequences(self) -> list[Sequence]:
-        return self.scheduler.running + self.scheduler.waiting
-
     def step(self) -> list[tuple[Sequence, int]]:
         """Computes one scheduled batch. Returns every sequence that got a token, with the token;
         a sequence its token ended is finished already."""

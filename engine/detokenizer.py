@@ -58,4 +58,6 @@ class IncrementalDetokenizer:
         return True
 
     def _decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        assert isinstance(text, str)  # one sequence in, one text out
+        return text

@@ -33,12 +33,13 @@ class FreeBlockQueue:
         return self.num_blocks
 
     def popleft(self) -> Block:
-        assert self.num_blocks > 0
         block = self.head.next
+        assert self.num_blocks > 0 and block is not None
         self.remove(block)
         return block
 
     def append(self, block: Block) -> None:
+        assert self.tail.prev is not None
         self._insert(block, self.tail.prev)
 
     def appendleft(self, block: Block) -> None:
@@ -51,7 +52,7 @@ class FreeBlockQueue:
         self.num_blocks -= 1
 
     def _insert(self, block: Block, after: Block) -> None:
-        assert block.prev is None and block.next is None
+        assert block.prev is None and block.next is None and after.next is not None
         block.prev, block.next = after, after.next
         after.next.prev = block
         after.next = block
@@ -206,4 +207,3 @@ class KVPool:
             tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
             hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens))
         return hashes[:num_blocks]
-

@@ -1,13 +1,8 @@
 import asyncio
-import itertools
 import logging
-import operator
-import random
 import threading
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
@@ -16,27 +11,13 @@ import torch
 from .checkpoints import eos_token_ids, load_config, load_tokenizer, resolve_checkpoint
 from .config import EngineConfig
 from .core import EngineCore
-from .detokenizer import IncrementalDetokenizer
 from .metrics import EngineFigures, RequestFigures
 from .outputs import FinishReason, RequestOutput, StreamDelta
+from .request import InputProcessor, OutputCallback, Request
 from .sampling_params import SamplingParams
-from .sequence import Sequence
 from .weights import build_model, resolve_device, resolve_dtype
 
 logger = logging.getLogger(__name__)
-
-SEED_MASK = (1 << 63) - 1
-
-OutputCallback = Callable[[StreamDelta, RequestOutput | None], None]
-
-
-@dataclass(eq=False)
-class Request:
-    """A sequence and what its caller gets from it: text, and deltas through `callback`."""
-
-    seq: Sequence
-    detokenizer: IncrementalDetokenizer
-    callback: OutputCallback | None
 
 
 class LLMEngine:
@@ -66,16 +47,15 @@ class LLMEngine:
         logger.info("loaded %s from %s on %s (%s)", checkpoint.name, checkpoint.path, device, dtype)
         self.model_name = checkpoint.name
         self.is_demo_model = checkpoint.is_demo
-        self.vocab_size = hf_config.vocab_size
         self.device, self.dtype = device, dtype
         self.max_model_len = self.core.max_model_len
+        self.inputs = InputProcessor(self.tokenizer, hf_config.vocab_size, self.max_model_len)
         self._lock = threading.Condition()
         self._new_requests: list[Request] = []
         self._aborted: set[str] = set()
         self._live: set[str] = set()
         self._stopped = False
         self._requests: dict[str, Request] = {}
-        self._arrivals = itertools.count()
         self._num_threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run_loop, name="llm-engine", daemon=True)
 
@@ -140,16 +120,20 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         priority: int | None = None,
-    ) -> AsyncIterator[StreamDelta]:
+    ) -> AsyncGenerator[StreamDelta]:
         """Yields StreamDeltas as tokens arrive; closing or cancelling the consumer aborts the
         request. Bad input raises ValueError here, before the first iteration."""
         request = self._make_request(prompt_token_ids, params, request_id, priority, None)
         return self._stream(request)
 
-    async def _stream(self, request: Request) -> AsyncIterator[StreamDelta]:
+    async def _stream(self, request: Request) -> AsyncGenerator[StreamDelta]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[StreamDelta] = asyncio.Queue()
-        request.callback = lambda delta, output: loop.call_soon_threadsafe(queue.put_nowait, delta)
+
+        def deliver(delta: StreamDelta, output: RequestOutput | None) -> None:  # on the engine thread
+            loop.call_soon_threadsafe(queue.put_nowait, delta)
+
+        request.callback = deliver
         self._enqueue([request])
         try:
             while True:
@@ -201,44 +185,10 @@ class LLMEngine:
         priority: int | None,
         callback: OutputCallback | None,
     ) -> Request:
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        params.validate()
-        token_ids = self._validate_prompt(prompt_token_ids)
-        if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
-            raise ValueError(f"priority must be an integer, got {priority!r}")
-        request_id = uuid.uuid4().hex if request_id is None else str(request_id)
+        request = self.inputs.process(prompt_token_ids, params, request_id, priority, callback)
         with self._lock:
-            self._check_request_id(request_id)
-        seq = Sequence(
-            request_id=request_id,
-            token_ids=token_ids,
-            params=params,
-            priority=params.priority if priority is None else priority,
-            arrival=next(self._arrivals),
-            seed=(random.getrandbits(63) if params.seed is None else params.seed) & SEED_MASK,
-        )
-        return Request(seq, IncrementalDetokenizer(self.tokenizer, params.stop), callback)
-
-    def _validate_prompt(self, prompt_token_ids: list[int]) -> list[int]:
-        try:
-            token_ids = [operator.index(t) for t in prompt_token_ids]
-        except TypeError:
-            raise ValueError("prompt_token_ids must be a list of integer token ids") from None
-        if not token_ids:
-            raise ValueError("prompt_token_ids is empty: a prompt needs at least one token")
-        if len(token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(token_ids)} tokens; this engine takes at most {self.max_model_len - 1} "
-                f"(max_model_len {self.max_model_len}, leaving room for one generated token)"
-            )
-        bad = next((i for i, t in enumerate(token_ids) if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ValueError(
-                f"token id {token_ids[bad]} at position {bad} is outside the vocabulary [0, {self.vocab_size})"
-            )
-        return token_ids
+            self._check_request_id(request.seq.request_id)
+        return request
 
     def _check_request_id(self, request_id: str) -> None:
         if self._stopped:
@@ -289,9 +239,9 @@ class LLMEngine:
 
     def _on_token(self, request: Request, token_id: int) -> None:
         seq = request.seq
-        if seq.finish_reason == "stop":  # EOS or a stop token id: not part of the text
-            self._finish(request, "stop", [token_id])
-        elif request.detokenizer.append(token_id):  # the text now holds a stop string
+        # EOS and stop token ids end the request without being text; a stop string ends it once
+        # the text holds it.
+        if seq.finish_reason == "stop" or request.detokenizer.append(token_id):
             self._finish(request, "stop", [token_id])
         elif seq.is_finished:
             assert seq.finish_reason is not None

@@ -1,3 +1,5 @@
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -62,8 +64,8 @@ class Qwen3Attention(nn.Module):
     def __init__(self, config: Qwen3Config) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim or config.hidden_size // config.num_attention_heads
+        self.num_kv_heads = num_kv_heads(config)
+        self.head_dim = head_dim(config)
         self.scale = self.head_dim**-0.5
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = MergedLinear(
@@ -134,14 +136,14 @@ class Qwen3Model(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Qwen3DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(self.layers[0].self_attn.head_dim, rope_theta(config))
+        self.rotary = RotaryEmbedding(head_dim(config), rope_theta(config))
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: torch.Tensor
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
-        for layer, k_cache, v_cache in zip(self.layers, kv_cache[0], kv_cache[1]):
+        for layer, k_cache, v_cache in zip(self.layers, kv_cache[0], kv_cache[1], strict=True):
             x = layer(x, cos, sin, meta, k_cache, v_cache)
         return self.norm(x)
 
@@ -153,7 +155,7 @@ class Qwen3ForCausalLM(nn.Module):
     `packed_modules_mapping` tells the loader where their checkpoint tensors go.
     """
 
-    packed_modules_mapping = {
+    packed_modules_mapping: ClassVar[dict[str, tuple[str, str]]] = {
         "q_proj": ("qkv_proj", "q_proj"),
         "k_proj": ("qkv_proj", "k_proj"),
         "v_proj": ("qkv_proj", "v_proj"),
@@ -166,6 +168,8 @@ class Qwen3ForCausalLM(nn.Module):
         if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
             raise ValueError("sliding-window attention layers are not supported")
         self.config = config
+        self.head_dim = head_dim(config)
+        self.num_kv_heads = num_kv_heads(config)
         self.model = Qwen3Model(config)
         self.tie_word_embeddings = bool(config.tie_word_embeddings)
         self.lm_head = (
@@ -180,6 +184,16 @@ class Qwen3ForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight)
+
+
+def head_dim(config: Qwen3Config) -> int:
+    return config.head_dim or config.hidden_size // config.num_attention_heads
+
+
+def num_kv_heads(config: Qwen3Config) -> int:
+    # Qwen3Config fills it in from num_attention_heads when a checkpoint leaves it out.
+    assert config.num_key_value_heads is not None
+    return config.num_key_value_heads
 
 
 def rope_theta(config: Qwen3Config) -> float:

@@ -33,15 +33,12 @@ class ModelRunner:
         weight = model.model.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.block_size = config.block_size
-        hf_config = model.config
-        head_dim = model.model.layers[0].self_attn.head_dim
-        num_layers, num_kv_heads = hf_config.num_hidden_layers, hf_config.num_key_value_heads
+        num_layers, num_kv_heads, head_dim = model.config.num_hidden_layers, model.num_kv_heads, model.head_dim
         # K and V of one block in every layer
         block_bytes = 2 * num_layers * config.block_size * num_kv_heads * head_dim * self.dtype.itemsize
         self.num_blocks = self._num_blocks(config, block_bytes)
-        self.kv_cache = torch.zeros(
-            2, num_layers, self.num_blocks, config.block_size, num_kv_heads, head_dim, dtype=self.dtype, device=self.device
-        )
+        shape = (2, num_layers, self.num_blocks, config.block_size, num_kv_heads, head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
         logger.info(
             "KV pool: %d blocks of %d tokens, %.2f GiB",
             self.num_blocks,
@@ -54,11 +51,8 @@ class ModelRunner:
             return cdiv(config.kv_cache_tokens, config.block_size)
         free, total = torch.cuda.mem_get_info(self.device)
         hf_config, itemsize = self.model.config, self.dtype.itemsize
-        per_token = (
-            4 * hf_config.hidden_size
-            + 3 * hf_config.intermediate_size
-            + 2 * self.model.model.layers[0].self_attn.q_size
-        )
+        q_size = hf_config.num_attention_heads * self.model.head_dim
+        per_token = 4 * hf_config.hidden_size + 3 * hf_config.intermediate_size + 2 * q_size
         activations = 2 * config.max_num_batched_tokens * per_token * itemsize
         logits = 4 * config.max_num_seqs * hf_config.vocab_size * 4
         budget = total * config.gpu_memory_fraction - (total - free) - activations - logits

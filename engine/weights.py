@@ -44,7 +44,7 @@ def load_weights(model: Qwen3ForCausalLM, path: Path) -> None:
     unloaded = {(name, shard) for name in params for shard in parameter_shards(model, name)}
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as tensors:
-            for name in tensors.keys():
+            for name in tensors.keys():  # noqa: SIM118 - a safetensors file handle, not a dict
                 if model.tie_word_embeddings and name == "lm_head.weight":
                     continue
                 target, shard = packed_target(model, name)
@@ -56,7 +56,9 @@ def load_weights(model: Qwen3ForCausalLM, path: Path) -> None:
                     assert params[target].shape == weight.shape, f"{name}: shape {tuple(weight.shape)}"
                     params[target].data.copy_(weight)
                 else:
-                    model.get_submodule(target.rsplit(".", 1)[0]).load_shard(params[target], shard, weight)
+                    merged = model.get_submodule(target.rsplit(".", 1)[0])
+                    assert isinstance(merged, MergedLinear)
+                    merged.load_shard(params[target], shard, weight)
                 unloaded.discard((target, shard))
     if unloaded:
         raise ValueError(f"{path}: checkpoint lacks weights for {sorted(n for n, _ in unloaded)}")

@@ -7,7 +7,7 @@ import os
 from logging.config import fileConfig
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 
 from storage.models import Base
 
@@ -17,7 +17,7 @@ if config.config_file_name and config.attributes.get("connection") is None:
 target_metadata = Base.metadata
 
 
-def run_migrations(connection) -> None:  # type: ignore[no-untyped-def]
+def run_migrations(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
@@ -28,7 +28,9 @@ def run_migrations(connection) -> None:  # type: ignore[no-untyped-def]
 
 
 def url() -> str:
-    return os.environ.get("CLAWDBOT_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
+    url = os.environ.get("CLAWDBOT_DATABASE_URL") or config.get_main_option("sqlalchemy.url")
+    assert url, "no database URL: set sqlalchemy.url or CLAWDBOT_DATABASE_URL"
+    return url
 
 
 if context.is_offline_mode():

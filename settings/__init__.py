@@ -19,7 +19,21 @@ from settings.sections import (
 )
 
 __all__ = [
-    "SECRET_ENV", "AdminSettings", "ApiSettings", "CacheSettings", "ConfigError", "ContextSettings", "EngineSettings",
-    "FeishuSettings", "GenerationSettings", "LimitsSettings", "LoggingSettings", "MaintenanceSettings",
-    "ServerSettings", "SessionSettings", "Settings", "StorageSettings", "load_settings",
+    "SECRET_ENV",
+    "AdminSettings",
+    "ApiSettings",
+    "CacheSettings",
+    "ConfigError",
+    "ContextSettings",
+    "EngineSettings",
+    "FeishuSettings",
+    "GenerationSettings",
+    "LimitsSettings",
+    "LoggingSettings",
+    "MaintenanceSettings",
+    "ServerSettings",
+    "SessionSettings",
+    "Settings",
+    "StorageSettings",
+    "load_settings",
 ]

@@ -99,7 +99,9 @@ def _describe(error: ErrorDetails) -> str:
         return f"{key}: expected one of {error['ctx']['expected']}, got {got}"
     if kind in _EXPECTED or kind in _RANGE_ERRORS:
         path, field = _field(error["loc"])
-        expected = _EXPECTED.get(kind) or ("an integer" if int in (field.annotation, *get_args(field.annotation)) else "a number")
+        expected = _EXPECTED.get(kind) or (
+            "an integer" if int in (field.annotation, *get_args(field.annotation)) else "a number"
+        )
         return f"{path}: expected {expected}{_range_text(field)}, got {got}"
     return f"{key}: {error['msg']}, got {got}"
 
@@ -120,16 +122,19 @@ def _field(loc: tuple[int | str, ...]) -> tuple[str, FieldInfo]:
 
 
 def _range_text(field: FieldInfo) -> str:
-    bounds = {type(b): b for b in field.metadata if isinstance(b, (Ge, Gt, Le, Lt))}
-    if Ge in bounds and Le in bounds:
-        return f" {bounds[Ge].ge}-{bounds[Le].le}"
+    """ " 1-65535" for an inclusive range, else each bound: " > 0 and <= 1"."""
+    ge = next((b.ge for b in field.metadata if isinstance(b, Ge)), None)
+    le = next((b.le for b in field.metadata if isinstance(b, Le)), None)
+    if ge is not None and le is not None:
+        return f" {ge}-{le}"
     parts = []
-    if Ge in bounds:
-        parts.append(f">= {bounds[Ge].ge}")
-    if Gt in bounds:
-        parts.append(f"> {bounds[Gt].gt}")
-    if Le in bounds:
-        parts.append(f"<= {bounds[Le].le}")
-    if Lt in bounds:
-        parts.append(f"< {bounds[Lt].lt}")
+    for bound in field.metadata:
+        if isinstance(bound, Ge):
+            parts.append(f">= {bound.ge}")
+        elif isinstance(bound, Gt):
+            parts.append(f"> {bound.gt}")
+        elif isinstance(bound, Le):
+            parts.append(f"<= {bound.le}")
+        elif isinstance(bound, Lt):
+            parts.append(f"< {bound.lt}")
     return " " + " and ".join(parts) if parts else ""

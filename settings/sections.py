@@ -31,7 +31,7 @@ class Section(BaseModel):
 class ServerSettings(Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    shutdown_timeout_s: float = Field(10.0, gt=0, le=300)
+    shutdown_timeout_s: int = Field(10, ge=1, le=300)
 
 
 class StorageSettings(Section):

@@ -3,6 +3,17 @@ from storage.models import Base, CacheEntry, Chat, ChatSession, Message, Process
 from storage.repositories import CacheRepository, ChatRepository, EventRepository, MessageRepository, SessionRepository
 
 __all__ = [
-    "Base", "CacheEntry", "CacheRepository", "Chat", "ChatRepository", "ChatSession", "Database", "EventRepository",
-    "Message", "MessageRepository", "ProcessedEvent", "SessionRepository", "utcnow",
+    "Base",
+    "CacheEntry",
+    "CacheRepository",
+    "Chat",
+    "ChatRepository",
+    "ChatSession",
+    "Database",
+    "EventRepository",
+    "Message",
+    "MessageRepository",
+    "ProcessedEvent",
+    "SessionRepository",
+    "utcnow",
 ]

@@ -10,7 +10,9 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from sqlalchemy import Engine, create_engine, event, make_url, text
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,7 @@ class Database:
             with self.sql_engine.connect() as connection:
                 connection.execute(text("SELECT 1"))
             return True
-        except Exception:  # noqa: BLE001 - readiness reports any failure as "not ready"
+        except Exception:
             log.warning("database ping failed", exc_info=True)
             return False
 
@@ -67,7 +69,7 @@ class Database:
 
 def _install_sqlite_pragmas(engine: Engine, busy_timeout_ms: int) -> None:
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")

@@ -29,6 +29,7 @@ def run_maintenance(db: Database, *, session_idle_ttl: timedelta, now: datetime 
     if report.purged_events or report.closed_session_keys:
         log.info(
             "maintenance: purged %d expired event keys, closed %d idle sessions",
-            report.purged_events, len(report.closed_session_keys),
+            report.purged_events,
+            len(report.closed_session_keys),
         )
     return report

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from array import array
-from datetime import datetime, timezone
 import sys
+from array import array
+from datetime import UTC, datetime
 
 from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -12,7 +12,7 @@ from sqlalchemy.types import TypeDecorator
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -25,10 +25,10 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         assert value.tzinfo is not None, "store aware datetimes only"
-        return value.astimezone(timezone.utc).replace(tzinfo=None)
+        return value.astimezone(UTC).replace(tzinfo=None)
 
     def process_result_value(self, value: datetime | None, dialect: object) -> datetime | None:
-        return None if value is None else value.replace(tzinfo=timezone.utc)
+        return None if value is None else value.replace(tzinfo=UTC)
 
 
 class TokenIds(TypeDecorator[list[int]]):

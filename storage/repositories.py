@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import CursorResult, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -137,7 +137,8 @@ class EventRepository:
 
     def purge_expired(self, now: datetime | None = None) -> int:
         result = self.session.execute(delete(ProcessedEvent).where(ProcessedEvent.expires_at <= (now or utcnow())))
-        return result.rowcount or 0
+        assert isinstance(result, CursorResult)  # what a DELETE returns
+        return result.rowcount
 
 
 class CacheRepository:
@@ -157,16 +158,13 @@ class CacheRepository:
             update(CacheEntry).where(CacheEntry.id == entry_id).values(hits=CacheEntry.hits + 1, last_hit_at=when)
         )
 
-    def delete(self, entry_ids: Sequence[int]) -> int:
+    def delete(self, entry_ids: Sequence[int]) -> None:
         # In chunks: SQLite caps the bound parameters of one statement.
-        deleted = 0
         for start in range(0, len(entry_ids), 500):
-            chunk = entry_ids[start:start + 500]
-            deleted += self.session.execute(delete(CacheEntry).where(CacheEntry.id.in_(chunk))).rowcount or 0
-        return deleted
+            self.session.execute(delete(CacheEntry).where(CacheEntry.id.in_(entry_ids[start : start + 500])))
 
-    def delete_key(self, key: str) -> int:
-        return self.session.execute(delete(CacheEntry).where(CacheEntry.key == key)).rowcount or 0
+    def delete_key(self, key: str) -> None:
+        self.session.execute(delete(CacheEntry).where(CacheEntry.key == key))
 
-    def delete_all(self) -> int:
-        return self.session.execute(delete(CacheEntry)).rowcount or 0
+    def delete_all(self) -> None:
+        self.session.execute(delete(CacheEntry))

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import yaml
 
-from support import SHARED_DATA_DIR
+from tests.support import SHARED_DATA_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,7 +40,10 @@ class AppProcess:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, str(ROOT / "app.py"), "--config", str(self.config_path)],
-                cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, env=env,
+                cwd=self.workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

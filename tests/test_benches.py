@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
-from support import ROOT
+from tests.support import ROOT
 
 
-def run_bench(script: str, *args: str, timeout: float = 600) -> dict[str, object]:
+def run_bench(script: str, *args: str, timeout: float = 600) -> dict[str, Any]:
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / script), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
     )

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from support import ROOT, SHARED_DATA_DIR
+from tests.support import ROOT, SHARED_DATA_DIR
 
 BENCH = ROOT / "bench"
 
@@ -43,7 +43,7 @@ def test_scripts_add_up_to_the_requests_asked(requests: int) -> None:
 
 def test_the_mix_shares_the_requests() -> None:
     spec = workload.load_workload(BENCH / "workload.yaml")
-    sent = Counter()
+    sent: Counter[str] = Counter()
     for script in workload.build_scripts(spec, 200, max_copies=8):
         sent[script.kind] += script.requests
     assert sent == {"faq": 70, "paraphrase": 30, "burst": 30, "multi_turn": 40, "long": 30}
@@ -61,7 +61,11 @@ def test_a_workload_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
 def run_benchmark(*args: str) -> dict[str, Any]:
     result = subprocess.run(
         [sys.executable, str(BENCH / "benchmark.py"), *args],
-        check=False, capture_output=True, text=True, timeout=400, cwd=ROOT,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -76,8 +80,17 @@ def test_compare_at_a_tiny_size(tmp_path: Path) -> None:
     plot = tmp_path / "bench.png"
 
     figures = run_benchmark(
-        "--compare", "--requests", "12", "--concurrency", "4", "--workload", str(path),
-        "--data-dir", str(SHARED_DATA_DIR), "--plot", str(plot),
+        "--compare",
+        "--requests",
+        "12",
+        "--concurrency",
+        "4",
+        "--workload",
+        str(path),
+        "--data-dir",
+        str(SHARED_DATA_DIR),
+        "--plot",
+        str(plot),
     )
 
     baseline, optimized = figures["baseline"], figures["optimized"]
@@ -92,5 +105,9 @@ def test_compare_at_a_tiny_size(tmp_path: Path) -> None:
     assert optimized["prompt_tokens_reused"] > 0
     assert optimized["engine_requests"] <= baseline["engine_requests"]
     assert set(figures["ratios"]) >= {"ttft_ms_p50", "requests_per_s", "engine_requests", "peak_rss_mb"}
-    assert {claim["figure"] for claim in figures["claims"]} >= {"TTFT mean", "requests/s", "served without a model call"}
+    assert {claim["figure"] for claim in figures["claims"]} >= {
+        "TTFT mean",
+        "requests/s",
+        "served without a model call",
+    }
     assert plot.stat().st_size > 10_000

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from support import ROOT
+from tests.support import ROOT
 
 # Each part of the app, and the parts it may import.
 ALLOWED: dict[str, set[str]] = {

@@ -25,11 +25,11 @@ def test_upgrade_empty_database_to_head_and_back(tmp_path: Path) -> None:
     database = Database(f"sqlite:///{tmp_path / 'fresh.db'}")
     assert not TABLES & set(inspect(database.sql_engine).get_table_names())
     database.upgrade()
-    assert TABLES <= set(inspect(database.sql_engine).get_table_names())
+    assert set(inspect(database.sql_engine).get_table_names()) >= TABLES
     database.downgrade("base")
     assert set(inspect(database.sql_engine).get_table_names()) == {"alembic_version"}
     database.upgrade()  # and forward again: the downgrade left nothing behind
-    assert TABLES <= set(inspect(database.sql_engine).get_table_names())
+    assert set(inspect(database.sql_engine).get_table_names()) >= TABLES
     database.close()
 
 
@@ -70,7 +70,8 @@ def test_one_active_session_per_key(db: Database) -> None:
         sessions = SessionRepository(session)
         sessions.close(first.id)
         second = sessions.create("k")
-        assert sessions.active("k").id == second.id
+        active = sessions.active("k")
+        assert active is not None and active.id == second.id
         assert sessions.count() == 2
 
 
@@ -127,8 +128,10 @@ def test_maintenance_purges_expired_events_and_closes_idle_sessions(db: Database
         assert remaining == ["new-0", "new-1", "new-2"]
         sessions = SessionRepository(session)
         assert sessions.active("idle") is None
-        assert sessions.get(idle.id).state == "closed"
-        assert sessions.get(idle.id).closed_at is not None
+        closed = sessions.get(idle.id)
+        assert closed is not None
+        assert closed.state == "closed"
+        assert closed.closed_at is not None
         assert sessions.active("busy") is not None
     assert run_maintenance(db, session_idle_ttl=timedelta(hours=24), now=now).purged_events == 0
 

@@ -77,7 +77,7 @@ async def chat_page(request: Request, clawdbot_chat: Annotated[str | None, Cooki
 @router.get("/chat/api/history")
 async def history(conversation: BrowserConversation, sessions: SessionsDep) -> History:
     messages = await sessions.visible_messages(conversation)
-    return History(messages=[ChatLine(role=role, text=text) for role, text in messages])  # type: ignore[arg-type]
+    return History(messages=[ChatLine(role=role, text=text) for role, text in messages])
 
 
 @router.post("/chat/api/messages", dependencies=[Depends(admit)])
@@ -126,4 +126,3 @@ async def _events(turn: Turn) -> AsyncIterator[str]:
 
 def _event(name: str, data: dict[str, object]) -> str:
     return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
-

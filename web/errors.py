@@ -5,7 +5,8 @@ client-side reader handles both."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -57,7 +58,7 @@ class WebErrorRoute(APIRoute):
     """Answers its routes' errors in OpenAI's format, body validation included (400, not FastAPI's
     422). Dependencies run inside the route handler, so their errors are caught here too."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def handle(request: Request) -> Response:

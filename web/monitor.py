@@ -3,6 +3,7 @@ per-interval rates (requests/s, tokens/s, hit rate per cache level) when the cha
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -61,9 +62,15 @@ class Monitor:
         gauges = ("ttft_p50_ms", "ttft_p99_ms", "batch_size", "kv_usage", "prefix_hit_rate", "cache_entries")
         series: dict[str, list[float]] = {
             key: []
-            for key in ("time", "requests_per_s", "tokens_per_s", *gauges, *(f"hit_rate_{level}" for level in CHARTED_LEVELS))
+            for key in (
+                "time",
+                "requests_per_s",
+                "tokens_per_s",
+                *gauges,
+                *(f"hit_rate_{level}" for level in CHARTED_LEVELS),
+            )
         }
-        for before, after in zip(samples, samples[1:]):
+        for before, after in itertools.pairwise(samples):
             seconds = after.at - before.at
             turns = after.turns - before.turns
             series["time"].append(after.at)

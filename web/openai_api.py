@@ -10,9 +10,9 @@ import dataclasses
 import hmac
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.responses import StreamingResponse
@@ -81,8 +81,12 @@ async def create_chat_completion(
     rate_limiter.check(body.user or (request.client.host if request.client else "unknown"))
     model = chat_manager.model_name
     if body.model != model:
-        raise WebError(404, f"The model '{body.model}' does not exist; this server serves '{model}'.",
-                       param="model", code="model_not_found")
+        raise WebError(
+            404,
+            f"The model '{body.model}' does not exist; this server serves '{model}'.",
+            param="model",
+            code="model_not_found",
+        )
     transcript = _transcript(body.messages, settings.limits, settings.context.system_prompt)
     params = _sampling(body, chat_manager.sampling)
     # Independent random samples must not share one generation.
@@ -135,7 +139,7 @@ class _Completion:
         return f"data: {chunk.model_dump_json(exclude=None if include_usage else {'usage'})}\n\n"
 
     async def events(
-        self, turn: Turn, deltas: AsyncIterator[str], first: str | None, include_usage: bool
+        self, turn: Turn, deltas: AsyncGenerator[str], first: str | None, include_usage: bool
     ) -> AsyncIterator[str]:
         """OpenAI's SSE: the role, the text increments, the finish reason, usage if asked, [DONE]."""
         yield self.chunk([ChunkChoice(delta=Delta(role="assistant", content=""))], None, include_usage)
@@ -160,27 +164,34 @@ def _transcript(messages: Sequence[RequestMessage], limits: LimitsSettings, defa
     """Leading system (or developer) messages make the system prompt; without one, the bot's own
     applies, so API turns share cache scope with the chat page and Feishu."""
     if len(messages) > limits.max_messages:
-        raise WebError(400, f"Too many messages ({len(messages)}; at most {limits.max_messages}).",
-                       param="messages", code="too_many_messages")
+        raise WebError(
+            400,
+            f"Too many messages ({len(messages)}; at most {limits.max_messages}).",
+            param="messages",
+            code="too_many_messages",
+        )
     for index, message in enumerate(messages):
         if len(message.text) > limits.max_message_chars:
             raise WebError(
-                400, f"Message {index} is too long ({len(message.text)} characters; at most {limits.max_message_chars}).",
-                param=f"messages[{index}].content", code="message_too_long",
+                400,
+                f"Message {index} is too long ({len(message.text)} characters; at most {limits.max_message_chars}).",
+                param=f"messages[{index}].content",
+                code="message_too_long",
             )
     leading = 0
     while leading < len(messages) and messages[leading].role in SYSTEM_ROLES:
         leading += 1
-    conversation = messages[leading:]
-    for index, message in enumerate(conversation, start=leading):
-        if message.role in SYSTEM_ROLES:
+    conversation: list[ChatMessage] = []
+    for index, message in enumerate(messages[leading:], start=leading):
+        if message.role == "system" or message.role == "developer":
             raise WebError(400, "System messages must come before the conversation.", param=f"messages[{index}].role")
+        conversation.append(ChatMessage(message.role, message.text))
     system_prompt = "\n\n".join(m.text for m in messages[:leading]) if leading else default_system_prompt
-    return Transcript(system_prompt, tuple(ChatMessage(m.role, m.text) for m in conversation))  # type: ignore[arg-type]
+    return Transcript(system_prompt, tuple(conversation))
 
 
 def _sampling(body: ChatCompletionRequest, defaults: SamplingParams) -> SamplingParams:
-    requested = {
+    requested: dict[str, Any] = {
         "temperature": body.temperature,
         "top_p": body.top_p,
         "max_tokens": body.max_completion_tokens or body.max_tokens,
@@ -196,17 +207,23 @@ def _sampling(body: ChatCompletionRequest, defaults: SamplingParams) -> Sampling
 def _finish_reason(result: TurnResult) -> FinishReason:
     if result.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"the engine ended the reply early ({result.finish_reason})")
-    return result.finish_reason  # type: ignore[return-value]
+    return result.finish_reason
 
 
 def _turn_failed(exc: ValueError | RuntimeError) -> WebError:
     """ValueError: the engine refused the prompt (too long for the model); RuntimeError: it stopped
     or failed while generating."""
     if isinstance(exc, ValueError):
-        return WebError(400, f"The conversation does not fit the model: {exc}.", param="messages",
-                        code="context_length_exceeded")
-    return WebError(503, f"The engine could not finish this reply: {exc}.", type="server_error", code="engine_error",
-                    headers={"Retry-After": "10"})
+        return WebError(
+            400, f"The conversation does not fit the model: {exc}.", param="messages", code="context_length_exceeded"
+        )
+    return WebError(
+        503,
+        f"The engine could not finish this reply: {exc}.",
+        type="server_error",
+        code="engine_error",
+        headers={"Retry-After": "10"},
+    )
 
 
 def _usage(result: TurnResult) -> Usage:

@@ -27,16 +27,24 @@ class Telemetry:
     def __init__(self, chat_manager: ChatManager) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "clawdbot_http_requests", "HTTP requests by route and status", ["route", "method", "status"],
+            "clawdbot_http_requests",
+            "HTTP requests by route and status",
+            ["route", "method", "status"],
             registry=self.registry,
         )
         self.ttft = Histogram(
-            "clawdbot_ttft_seconds", "time to the first reply text, per turn", ["channel", "cache_level"],
-            buckets=TTFT_BUCKETS_S, registry=self.registry,
+            "clawdbot_ttft_seconds",
+            "time to the first reply text, per turn",
+            ["channel", "cache_level"],
+            buckets=TTFT_BUCKETS_S,
+            registry=self.registry,
         )
         self.tokens = Histogram(
-            "clawdbot_turn_tokens", "tokens per web turn: prompt, prompt served from the prefix cache, completion",
-            ["channel", "kind"], buckets=TOKEN_BUCKETS, registry=self.registry,
+            "clawdbot_turn_tokens",
+            "tokens per web turn: prompt, prompt served from the prefix cache, completion",
+            ["channel", "kind"],
+            buckets=TOKEN_BUCKETS,
+            registry=self.registry,
         )
         self.registry.register(ChatManagerCollector(chat_manager))
 
@@ -71,7 +79,9 @@ class ChatManagerCollector(Collector):
 
         lookups = CounterMetricFamily("clawdbot_cache_lookups", "response-cache lookups, by result", labels=["result"])
         for level, count in (
-            (CacheLevel.EXACT, cache.hits_exact), (CacheLevel.SEMANTIC, cache.hits_semantic), (CacheLevel.MISS, cache.misses)
+            (CacheLevel.EXACT, cache.hits_exact),
+            (CacheLevel.SEMANTIC, cache.hits_semantic),
+            (CacheLevel.MISS, cache.misses),
         ):
             lookups.add_metric([level], count)
         yield lookups
@@ -124,4 +134,3 @@ class RequestMetrics:
             route = scope.get("route")
             path = getattr(route, "path", "unmatched")
             self.telemetry.requests.labels(path, scope["method"], str(status)).inc()
-

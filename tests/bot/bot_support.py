@@ -15,11 +15,11 @@ from typing import Any
 import uvicorn
 from sqlalchemy import select
 
-from wiring import build_app
-from fakes.feishu import FakeFeishu, SentMessage, wait_for
 from settings import Settings
 from storage import Database, Message
-from support import SHARED_DATA_DIR, free_port
+from tests.fakes.feishu import FakeFeishu, SentMessage, wait_for
+from tests.support import SHARED_DATA_DIR, free_port
+from wiring import build_app
 
 _app_ids = itertools.count(1)
 
@@ -50,7 +50,9 @@ class AppServer:
         database = Database(str(self.settings.storage.url))
         try:
             with database.session() as session:
-                return list(session.scalars(select(Message.text).where(Message.role == "assistant").order_by(Message.id)))
+                return list(
+                    session.scalars(select(Message.text).where(Message.role == "assistant").order_by(Message.id))
+                )
         finally:
             database.close()
 
@@ -58,19 +60,31 @@ class AppServer:
 def app_settings(workdir: Path, fake: FakeFeishu, **feishu: Any) -> Settings:
     """Settings for an app on the fake, with the built-in demo model; a fresh app_id each time,
     since lark-oapi caches tenant tokens per app_id for the whole process."""
-    return Settings.model_validate({
-        "server": {"host": "127.0.0.1", "port": free_port()},
-        "storage": {"url": f"sqlite:///{workdir / 'bot.db'}"},
-        "engine": {"model": "builtin:tiny-qwen3", "device": "cpu", "data_dir": str(SHARED_DATA_DIR),
-                   "kv_cache_tokens": 4096},
-        "generation": {"max_tokens": 6},
-        "feishu": {"app_id": f"cli_test_{next(_app_ids)}", "app_secret": "secret", "domain": fake.domain,
-                   "stream_interval_ms": 50, **feishu},
-    })
+    return Settings.model_validate(
+        {
+            "server": {"host": "127.0.0.1", "port": free_port()},
+            "storage": {"url": f"sqlite:///{workdir / 'bot.db'}"},
+            "engine": {
+                "model": "builtin:tiny-qwen3",
+                "device": "cpu",
+                "data_dir": str(SHARED_DATA_DIR),
+                "kv_cache_tokens": 4096,
+            },
+            "generation": {"max_tokens": 6},
+            "feishu": {
+                "app_id": f"cli_test_{next(_app_ids)}",
+                "app_secret": "secret",
+                "domain": fake.domain,
+                "stream_interval_ms": 50,
+                **feishu,
+            },
+        }
+    )
 
 
 def final_text(fake: FakeFeishu, message_id: str, timeout_s: float = 30.0) -> str:
     """The text of the bot's answer to `message_id`, once its card(s) stop streaming."""
+
     def done() -> list[SentMessage]:
         replies = fake.replies_to(message_id)
         finished = replies and all(m.msg_type != "interactive" or not _streaming(fake, m) for m in replies)

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from fakes.feishu import FakeFeishu
-from support import free_port
+from tests.fakes.feishu import FakeFeishu
+from tests.support import free_port
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from bot_support import AppServer, app_settings, final_text
-from fakes.events import BOT_OPEN_ID, bot_mention, mention, message_event
-from fakes.feishu import FakeFeishu, wait_for
+from tests.bot.bot_support import AppServer, app_settings, final_text
+from tests.fakes.events import BOT_OPEN_ID, bot_mention, mention, message_event
+from tests.fakes.feishu import FakeFeishu, wait_for
 
 CHAT = "oc_private_1"
 
@@ -22,7 +23,7 @@ def app(tmp_path_factory: pytest.TempPathFactory, fake: FakeFeishu) -> Iterator[
     server.stop()
 
 
-def ask(fake: FakeFeishu, text: str, chat_id: str = CHAT, **fields: object) -> str:
+def ask(fake: FakeFeishu, text: str, chat_id: str = CHAT, **fields: Any) -> str:
     """Deliver a message on the long connection; returns its message_id."""
     event = message_event(chat_id=chat_id, text=text, **fields)
     assert fake.push(event) == 200
@@ -45,12 +46,22 @@ def test_a_private_message_gets_a_streamed_card_with_the_engine_reply(app: AppSe
 def test_group_messages_are_answered_only_when_the_bot_is_mentioned(app: AppServer, fake: FakeFeishu) -> None:
     group = "oc_group_1"
     ignored = ask(fake, "hello everyone", chat_id=group, chat_type="group")
-    someone_else = ask(fake, "@_user_1 please have a look", chat_id=group, chat_type="group",
-                       mentions=[mention(1, "ou_alice", "Alice")])
+    someone_else = ask(
+        fake,
+        "@_user_1 please have a look",
+        chat_id=group,
+        chat_type="group",
+        mentions=[mention(1, "ou_alice", "Alice")],
+    )
     at_all = ask(fake, "@_all standup in 5", chat_id=group, chat_type="group")
     by_name = ask(fake, "Clawdbot, are you there?", chat_id=group, chat_type="group")
-    addressed = ask(fake, "@_user_1 what does @_user_2 think?", chat_id=group, chat_type="group",
-                    mentions=[bot_mention(1), mention(2, "ou_alice", "Alice")])
+    addressed = ask(
+        fake,
+        "@_user_1 what does @_user_2 think?",
+        chat_id=group,
+        chat_type="group",
+        mentions=[bot_mention(1), mention(2, "ou_alice", "Alice")],
+    )
 
     # One lane per chat: once the last message is answered, the earlier ones have been handled.
     final_text(fake, addressed)

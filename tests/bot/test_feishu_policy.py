@@ -13,8 +13,8 @@ from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
 
 from bot.commands import Command, parse_command
 from bot.policy import EventPolicy
-from fakes.events import BOT_OPEN_ID, bot_mention, mention, message_event
 from storage import Database
+from tests.fakes.events import BOT_OPEN_ID, bot_mention, mention, message_event
 
 
 @pytest.fixture
@@ -37,10 +37,13 @@ def test_a_private_text_message_is_read_as_it_was_written(policy: EventPolicy) -
 
 
 def test_in_groups_the_mention_of_the_bot_goes_and_others_keep_their_names(policy: EventPolicy) -> None:
-    message = policy.admit(decoded(
-        text="@_user_1 ask @_user_2 about it", chat_type="group",
-        mentions=[bot_mention(1), mention(2, "ou_alice", "Alice")],
-    ))
+    message = policy.admit(
+        decoded(
+            text="@_user_1 ask @_user_2 about it",
+            chat_type="group",
+            mentions=[bot_mention(1), mention(2, "ou_alice", "Alice")],
+        )
+    )
 
     assert message is not None and message.text == "ask @Alice about it"
 
@@ -49,8 +52,10 @@ def test_in_groups_the_mention_of_the_bot_goes_and_others_keep_their_names(polic
     "fields",
     [
         pytest.param({"text": "hi all", "chat_type": "group"}, id="group without a mention"),
-        pytest.param({"text": "@_user_1 hi", "chat_type": "group", "mentions": [mention(1, "ou_alice", "Clawdbot")]},
-                     id="someone else who has the bot's name"),
+        pytest.param(
+            {"text": "@_user_1 hi", "chat_type": "group", "mentions": [mention(1, "ou_alice", "Clawdbot")]},
+            id="someone else who has the bot's name",
+        ),
         pytest.param({"text": "@_all hi", "chat_type": "group"}, id="@all"),
         pytest.param({"text": "hi", "sender_type": "app"}, id="another app"),
         pytest.param({"text": "hi", "sender_open_id": BOT_OPEN_ID}, id="the bot itself"),
@@ -71,11 +76,18 @@ def test_at_all_is_answered_when_configured(db: Database) -> None:
 
 
 def test_a_rich_text_post_becomes_plain_text(policy: EventPolicy) -> None:
-    post = {"title": "Question", "content": [
-        [{"tag": "at", "user_id": "@_user_1", "user_name": "Clawdbot"}, {"tag": "text", "text": " how do I "},
-         {"tag": "a", "text": "deploy", "href": "https://example.com"}, {"tag": "text", "text": "?"}],
-        [{"tag": "img", "image_key": "img_1"}, {"tag": "code_block", "language": "bash", "text": "make deploy"}],
-    ]}
+    post = {
+        "title": "Question",
+        "content": [
+            [
+                {"tag": "at", "user_id": "@_user_1", "user_name": "Clawdbot"},
+                {"tag": "text", "text": " how do I "},
+                {"tag": "a", "text": "deploy", "href": "https://example.com"},
+                {"tag": "text", "text": "?"},
+            ],
+            [{"tag": "img", "image_key": "img_1"}, {"tag": "code_block", "language": "bash", "text": "make deploy"}],
+        ],
+    }
 
     message = policy.admit(decoded(message_type="post", content=post, chat_type="group", mentions=[bot_mention(1)]))
 

@@ -9,8 +9,8 @@ import pytest
 
 from bot.feishu_api import FeishuApi, FeishuApiError
 from bot.replies import ERROR_FOOTER, Replier
-from fakes.events import new_message_id
-from fakes.feishu import FakeFeishu
+from tests.fakes.events import new_message_id
+from tests.fakes.feishu import FakeFeishu
 
 _app_ids = itertools.count(1)
 

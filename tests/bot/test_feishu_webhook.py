@@ -5,14 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import httpx
 import pytest
 
-from bot_support import AppServer, app_settings, final_text
-from fakes.events import encrypt, message_event, url_verification
-from fakes.feishu import FakeFeishu, wait_for
 from settings import Settings
+from tests.bot.bot_support import AppServer, app_settings, final_text
+from tests.fakes.events import encrypt, message_event, url_verification
+from tests.fakes.feishu import FakeFeishu, wait_for
 
 ENCRYPT_KEY = "test-encrypt-key"
 TOKEN = "test-verification-token"
@@ -36,12 +37,21 @@ def app(tmp_path_factory: pytest.TempPathFactory, fake: FakeFeishu) -> Iterator[
     server.stop()
 
 
-def deliver(fake: FakeFeishu, app: AppServer, chat_id: str, text: str = "A question over HTTP",
-            **signing: object) -> tuple[httpx.Response, str]:
+class Signing(TypedDict, total=False):
+    """FakeFeishu.post_event's signing options; a test forges some of them."""
+
+    encrypt_key: str
+    timestamp: int
+    signature: str
+
+
+def deliver(
+    fake: FakeFeishu, app: AppServer, chat_id: str, text: str = "A question over HTTP", **signing: Unpack[Signing]
+) -> tuple[httpx.Response, str]:
     """Post an encrypted, signed message event to the app's webhook; returns the answer and the message_id."""
     delivered = message_event(chat_id=chat_id, text=text, token=TOKEN)
     signing.setdefault("encrypt_key", ENCRYPT_KEY)
-    response = fake.post_event(f"{app.base_url}/feishu/events", delivered, **signing)  # type: ignore[arg-type]
+    response = fake.post_event(f"{app.base_url}/feishu/events", delivered, **signing)
     return response, delivered["event"]["message"]["message_id"]
 
 
@@ -71,7 +81,7 @@ def test_an_encrypted_signed_event_is_accepted_at_once_and_answered(app: AppServ
     ],
 )
 def test_an_unauthentic_request_gets_401_and_no_answer(
-    app: AppServer, fake: FakeFeishu, caplog: pytest.LogCaptureFixture, signing: dict[str, object]
+    app: AppServer, fake: FakeFeishu, caplog: pytest.LogCaptureFixture, signing: Signing
 ) -> None:
     response, refused = deliver(fake, app, "oc_refused", **signing)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from cache.embeddings import Embedder, SentenceTransformerEmbedder
-from support import Clock
+from tests.support import Clock
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,12 @@ def test_curve_and_threshold_choice() -> None:
     pairs = [LabelledPair(same, "x", "a", "b") for same in (True, True, False, True)]
     similarity = np.array([0.95, 0.9, 0.85, 0.7])
     points = curve(pairs, np.ones(4, dtype=bool), similarity, np.array([0.6, 0.8, 0.88, 0.99]))
-    assert [(p.precision, round(p.recall, 3)) for p in points] == [(0.75, 1.0), (2 / 3, 0.667), (1.0, 0.667), (1.0, 0.0)]
+    assert [(p.precision, round(p.recall, 3)) for p in points] == [
+        (0.75, 1.0),
+        (2 / 3, 0.667),
+        (1.0, 0.667),
+        (1.0, 0.0),
+    ]
     assert lowest_threshold(points, 0.99) == Point(0.88, 1.0, 2 / 3, 2)
     assert recommended_threshold(points, 0.99) == Point(0.88, 1.0, 2 / 3, 2)
 

@@ -10,7 +10,7 @@ from cache.levels import CacheLevel
 from cache.response_cache import ResponseCache
 from settings import CacheSettings
 from storage import CacheRepository, Database
-from support import Clock
+from tests.support import Clock
 
 SHARED = scope_key("qwen3-0.6b", "You are a helpful assistant.")
 SETTINGS = CacheSettings(capacity=100, ttl_s=3600, evict_fraction=0.01)
@@ -65,7 +65,10 @@ async def test_follow_up_never_hits_across_contexts(embedder: Embedder, clock: C
     await cache.store(about_einstein, "How old is he?", "Einstein died at 76.")
     assert await cache.lookup(about_curie, "How old is he?") is None
     assert await cache.lookup(SHARED, "How old is he?") is None
-    assert await cache.lookup(scope_key("qwen3-8b", "You are a helpful assistant.", [101, 102, 103]), "How old is he?") is None
+    assert (
+        await cache.lookup(scope_key("qwen3-8b", "You are a helpful assistant.", [101, 102, 103]), "How old is he?")
+        is None
+    )
     hit = await cache.lookup(about_einstein, "how old is he")
     assert hit is not None and hit.answer == "Einstein died at 76."
 
@@ -136,7 +139,9 @@ async def test_restart_keeps_entries(embedder: Embedder, clock: Clock, db: Datab
     assert {e.question: e.hits for e in await restarted.entries()} == {"What is Docker?": 2, "如何重置密码": 1}
 
 
-async def test_load_drops_rows_of_another_embedder_and_expired_rows(embedder: Embedder, minilm: Embedder, clock: Clock, db: Database) -> None:
+async def test_load_drops_rows_of_another_embedder_and_expired_rows(
+    embedder: Embedder, minilm: Embedder, clock: Clock, db: Database
+) -> None:
     await make_cache(minilm, clock, db).store(SHARED, "What is Docker?", "A container runtime.")
     assert await make_cache(embedder, clock, db).load() == 0
     await make_cache(embedder, clock, db, ttl_s=10).store(SHARED, "What is Docker?", "A container runtime.")

@@ -15,7 +15,7 @@ from chat.summarizer import Summarizer
 from engine import ChatFormat, LLMEngine, StreamDelta
 from settings import CacheSettings, ContextSettings, GenerationSettings
 from storage import Database
-from support import SHARED_DATA_DIR
+from tests.support import SHARED_DATA_DIR
 
 CONTEXT = ContextSettings(system_prompt="You are a test bot.")
 GREEDY = GenerationSettings(temperature=0.0, max_tokens=8)
@@ -45,7 +45,9 @@ class ManagerFactory:
         chat_format = ChatFormat.for_tokenizer(self.engine.tokenizer, enable_thinking=context.enable_thinking)
         direct_format = ChatFormat.for_tokenizer(self.engine.tokenizer)
         response_cache = ResponseCache(
-            CacheSettings(enabled=cache), self.embedder, self.db,
+            CacheSettings(enabled=cache),
+            self.embedder,
+            self.db,
             judge=LLMJudge(self.engine, direct_format) if judge else None,
         )
         await response_cache.load()

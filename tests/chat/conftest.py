@@ -1,1 +1,1 @@
-from chat_support import engine, managers  # noqa: F401  (fixtures)
+from tests.chat.chat_support import engine, managers  # noqa: F401  (fixtures)

@@ -12,9 +12,9 @@ from transformers import PreTrainedTokenizerBase
 from cache.levels import CacheLevel
 from chat import ChatManager, ChatMessage, Conversation, InvalidMessage, Transcript
 from chat.reply import Reply
-from chat_support import GREEDY, ManagerFactory, ask, session_of, small_context
 from engine import StreamDelta
 from storage import Database, Message, MessageRepository, SessionRepository
+from tests.chat.chat_support import GREEDY, ManagerFactory, ask, session_of, small_context
 
 ALICE = Conversation(channel="web", chat_id="alice")
 BOB = Conversation(channel="web", chat_id="bob")
@@ -95,10 +95,12 @@ async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers:
     state = session_of(manager, ALICE)
     before = state.history.token_ids
     with db.sql_engine.begin() as connection:  # the user message is written, then the reply's insert fails
-        connection.execute(sql(
-            "CREATE TRIGGER fail_reply BEFORE INSERT ON messages WHEN NEW.role = 'assistant' "
-            "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
-        ))
+        connection.execute(
+            sql(
+                "CREATE TRIGGER fail_reply BEFORE INSERT ON messages WHEN NEW.role = 'assistant' "
+                "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+            )
+        )
     with pytest.raises(Exception, match="disk full"):
         await ask(manager, ALICE, "second question")
 
@@ -216,7 +218,11 @@ async def test_a_full_transcript_continues_its_session_from_stored_ids(managers:
     first = await manager.turn_for_transcript(Transcript(system, (ChatMessage("user", "What is Rust?"),))).collect()
     follow_up = Transcript(
         system,
-        (ChatMessage("user", "What is Rust?"), ChatMessage("assistant", first.reply), ChatMessage("user", "Is it fast?")),
+        (
+            ChatMessage("user", "What is Rust?"),
+            ChatMessage("assistant", first.reply),
+            ChatMessage("user", "Is it fast?"),
+        ),
     )
     second = await manager.turn_for_transcript(follow_up).collect()
     assert second.session_id == first.session_id
@@ -225,7 +231,11 @@ async def test_a_full_transcript_continues_its_session_from_stored_ids(managers:
     # An edited earlier reply is another conversation: a new session, seeded from the transcript.
     edited = Transcript(
         system,
-        (ChatMessage("user", "What is Rust?"), ChatMessage("assistant", "A metal oxide."), ChatMessage("user", "Is it fast?")),
+        (
+            ChatMessage("user", "What is Rust?"),
+            ChatMessage("assistant", "A metal oxide."),
+            ChatMessage("user", "Is it fast?"),
+        ),
     )
     third = await manager.turn_for_transcript(edited).collect()
     assert third.session_id != first.session_id
@@ -318,10 +328,16 @@ async def test_a_turn_is_stored_when_its_caller_stops_reading_after_the_last_tex
 
 async def test_thinking_is_never_shown(tokenizer: PreTrainedTokenizerBase) -> None:
     think_end = tokenizer.convert_tokens_to_ids("</think>")
+    assert isinstance(think_end, int)
 
     async def deltas() -> AsyncIterator[StreamDelta]:
         for token_ids, text in (
-            ([151667], ""), ([1, 2], "Let me think"), ([think_end], ""), ([3], "\n\n"), ([4], "Answer."), ([5], " Done")
+            ([151667], ""),
+            ([1, 2], "Let me think"),
+            ([think_end], ""),
+            ([3], "\n\n"),
+            ([4], "Answer."),
+            ([5], " Done"),
         ):
             yield StreamDelta(token_ids=token_ids, text=text)
         yield StreamDelta(finished=True, finish_reason="stop")

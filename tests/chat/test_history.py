@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from transformers import PreTrainedTokenizerBase
+from transformers import BatchEncoding, PreTrainedTokenizerBase
 
 from chat.history import TokenHistory
 from engine import ChatFormat
@@ -18,7 +18,8 @@ def template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, st
     encoded = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, enable_thinking=thinking, tokenize=True
     )
-    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+    assert isinstance(encoded, BatchEncoding)
+    return list(encoded["input_ids"])
 
 
 @pytest.mark.parametrize("text", MESSAGES)

@@ -1,12 +1,14 @@
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import pytest
 import torch
 from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
 # The three parity configs: GQA 1:1 and 4:1, tied and untied embeddings, head_dim != hidden/heads.
-PARITY_CONFIGS = {
+PARITY_CONFIGS: dict[str, dict[str, Any]] = {
     "gqa1-tied": dict(
         vocab_size=512,
         hidden_size=64,
@@ -46,7 +48,7 @@ BIGRAM_TEXT = "你好，世界！流式输出测试：龘𠀀😀完毕。"
 IM_END = 151645
 
 
-def tiny_qwen3(seed: int = 0, **overrides: object) -> Qwen3ForCausalLM:
+def tiny_qwen3(seed: int = 0, **overrides: Any) -> Qwen3ForCausalLM:
     config = Qwen3Config(max_position_embeddings=1024, initializer_range=0.1, **overrides)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -72,16 +74,20 @@ class Checkpoint:
         return output[0, len(prompt) :].tolist()
 
 
-def save_checkpoint(path: Path, model: Qwen3ForCausalLM, **save_options: object) -> Checkpoint:
+def save_checkpoint(path: Path, model: Qwen3ForCausalLM, **save_options: Any) -> Checkpoint:
     model.save_pretrained(path, **save_options)
     return Checkpoint(path, model)
 
 
+class MakeCheckpoint(Protocol):
+    def __call__(self, config: str, seed: int = 0, **save_options: Any) -> Checkpoint: ...
+
+
 @pytest.fixture
-def make_checkpoint(tmp_path: Path):
+def make_checkpoint(tmp_path: Path) -> MakeCheckpoint:
     """Saves a tiny seeded Qwen3 of one of the parity configs; `save_options` go to save_pretrained."""
 
-    def make(config: str, seed: int = 0, **save_options: object) -> Checkpoint:
+    def make(config: str, seed: int = 0, **save_options: Any) -> Checkpoint:
         return save_checkpoint(tmp_path, tiny_qwen3(seed, **PARITY_CONFIGS[config]), **save_options)
 
     return make
@@ -132,7 +138,7 @@ def bigram_checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer: PreTr
             layer.mlp.down_proj.weight.zero_()
         model.model.embed_tokens.weight.zero_()
         model.lm_head.weight.zero_()
-        for i, (token, next_token) in enumerate(zip(chain, chain[1:])):
+        for i, (token, next_token) in enumerate(itertools.pairwise(chain)):
             model.model.embed_tokens.weight[token, i] = 1.0
             model.lm_head.weight[next_token, i] = 10.0
     path = tmp_path_factory.mktemp("bigram")

@@ -1,15 +1,18 @@
 import asyncio
 import threading
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from engine import LLMEngine, RequestOutput, SamplingParams, StreamDelta
 from engine.metrics import RequestFigures
+from tests.engine.conftest import Checkpoint
 
 
 @pytest.fixture(scope="module")
-def engine(small_checkpoint):
+def engine(small_checkpoint: Checkpoint) -> Iterator[LLMEngine]:
     with LLMEngine.from_pretrained(
         str(small_checkpoint.path), kv_cache_tokens=4096, max_num_batched_tokens=256
     ) as engine:
@@ -17,7 +20,7 @@ def engine(small_checkpoint):
 
 
 @pytest.fixture(scope="module")
-def bigram(bigram_checkpoint):
+def bigram(bigram_checkpoint: Checkpoint) -> Iterator[LLMEngine]:
     with LLMEngine.from_pretrained(str(bigram_checkpoint.path), kv_cache_tokens=1024) as engine:
         yield engine
 
@@ -47,7 +50,7 @@ class Collector:
             return dict(self.outputs)
 
 
-def test_shared_prefix_is_reused_with_the_same_output(engine, small_checkpoint) -> None:
+def test_shared_prefix_is_reused_with_the_same_output(engine: LLMEngine, small_checkpoint: Checkpoint) -> None:
     prefix = prompt_of(200, seed=1)
     first, second = prefix + prompt_of(9, seed=2), prefix + prompt_of(13, seed=3)
     params = SamplingParams(max_tokens=16)
@@ -62,7 +65,7 @@ def test_shared_prefix_is_reused_with_the_same_output(engine, small_checkpoint) 
     assert cached.token_ids == uncached.token_ids == small_checkpoint.greedy(second, 16)
 
 
-def test_pool_returns_to_its_initial_free_count_after_finish_and_abort(engine) -> None:
+def test_pool_returns_to_its_initial_free_count_after_finish_and_abort(engine: LLMEngine) -> None:
     collector = Collector()
     ids = [
         engine.add_request(prompt_of(n, seed=n), SamplingParams(max_tokens=40), callback=collector)
@@ -78,7 +81,7 @@ def test_pool_returns_to_its_initial_free_count_after_finish_and_abort(engine) -
     assert all(block.ref_cnt == 0 for block in pool.blocks)
 
 
-def test_seeded_sampling_is_reproducible_in_any_batch(engine) -> None:
+def test_seeded_sampling_is_reproducible_in_any_batch(engine: LLMEngine) -> None:
     prompt = prompt_of(40, seed=5)
     params = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=24)
     alone = engine.generate([prompt], params)[0]
@@ -88,14 +91,16 @@ def test_seeded_sampling_is_reproducible_in_any_batch(engine) -> None:
     assert other_seed.token_ids != alone.token_ids
 
 
-def test_top_k_1_equals_greedy_through_the_engine(engine) -> None:
+def test_top_k_1_equals_greedy_through_the_engine(engine: LLMEngine) -> None:
     prompts = [prompt_of(n, seed=n) for n in (4, 60)]
     greedy = engine.generate(prompts, SamplingParams(max_tokens=20))
     top1 = engine.generate(prompts, SamplingParams(temperature=0.8, top_k=1, seed=3, max_tokens=20))
     assert [o.token_ids for o in greedy] == [o.token_ids for o in top1]
 
 
-def test_eos_stops_and_stays_out_of_the_text(bigram, tokenizer, bigram_text, im_end) -> None:
+def test_eos_stops_and_stays_out_of_the_text(
+    bigram: LLMEngine, tokenizer: PreTrainedTokenizerBase, bigram_text: str, im_end: int
+) -> None:
     output = bigram.generate([tokenizer.encode("Q")], SamplingParams())[0]
     assert output.finish_reason == "stop"
     assert output.token_ids[-1] == im_end
@@ -103,7 +108,7 @@ def test_eos_stops_and_stays_out_of_the_text(bigram, tokenizer, bigram_text, im_
     assert output.num_prompt_tokens == 1
 
 
-def test_max_tokens_and_ignore_eos(bigram, tokenizer, im_end) -> None:
+def test_max_tokens_and_ignore_eos(bigram: LLMEngine, tokenizer: PreTrainedTokenizerBase, im_end: int) -> None:
     prompt = tokenizer.encode("Q")
     short = bigram.generate([prompt], SamplingParams(max_tokens=3))[0]
     assert (short.finish_reason, short.text, len(short.token_ids)) == ("length", "你好，世界", 3)
@@ -111,11 +116,11 @@ def test_max_tokens_and_ignore_eos(bigram, tokenizer, im_end) -> None:
     assert long.finish_reason == "length" and len(long.token_ids) == 30 and im_end in long.token_ids
 
 
-def test_stop_strings_and_stop_token_ids(bigram, tokenizer) -> None:
+def test_stop_strings_and_stop_token_ids(bigram: LLMEngine, tokenizer: PreTrainedTokenizerBase) -> None:
     prompt = tokenizer.encode("Q")
     across_tokens = bigram.generate([prompt], SamplingParams(stop=["世界！流", "never"]))[0]
     assert (across_tokens.finish_reason, across_tokens.text) == ("stop", "你好，")
-    inside_a_character = bigram.generate([prompt], SamplingParams(stop="𠀀"))[0]
+    inside_a_character = bigram.generate([prompt], SamplingParams(stop=["𠀀"]))[0]
     assert inside_a_character.text == "你好，世界！流式输出测试：龘"
     stop_token = tokenizer.encode("测试")[0]
     by_token = bigram.generate([prompt], SamplingParams(stop_token_ids=[stop_token]))[0]
@@ -126,23 +131,25 @@ def test_stop_strings_and_stop_token_ids(bigram, tokenizer) -> None:
     )
 
 
-async def collect(stream) -> list[StreamDelta]:
+async def collect(stream: AsyncIterator[StreamDelta]) -> list[StreamDelta]:
     return [delta async for delta in stream]
 
 
-async def test_chinese_streams_without_replacement_characters(bigram, tokenizer, bigram_text, im_end) -> None:
+async def test_chinese_streams_without_replacement_characters(
+    bigram: LLMEngine, tokenizer: PreTrainedTokenizerBase, bigram_text: str, im_end: int
+) -> None:
     deltas = await collect(bigram.stream(tokenizer.encode("Q"), SamplingParams()))
     assert all("\ufffd" not in d.text for d in deltas)
     assert any(d.token_ids and not d.text for d in deltas)  # a character split across tokens waited
     assert "".join(d.text for d in deltas) == bigram_text
-    assert [t for d in deltas for t in d.token_ids] == tokenizer.encode(bigram_text) + [im_end]
+    assert [t for d in deltas for t in d.token_ids] == [*tokenizer.encode(bigram_text), im_end]
     assert [d.finished for d in deltas] == [False] * (len(deltas) - 1) + [True]
     assert (deltas[-1].finish_reason, deltas[-1].num_prompt_tokens) == ("stop", 1)
-    with_stop = await collect(bigram.stream(tokenizer.encode("Q"), SamplingParams(stop="测试：")))
+    with_stop = await collect(bigram.stream(tokenizer.encode("Q"), SamplingParams(stop=["测试："])))
     assert "".join(d.text for d in with_stop) == "你好，世界！流式输出"
 
 
-async def test_cancelling_a_stream_aborts_it_and_frees_its_blocks(engine) -> None:
+async def test_cancelling_a_stream_aborts_it_and_frees_its_blocks(engine: LLMEngine) -> None:
     aborted_before = engine.figures().activity.finish_reasons.get("abort", 0)
     stream = engine.stream(prompt_of(100, seed=9), SamplingParams(max_tokens=200))
     async for delta in stream:
@@ -157,18 +164,18 @@ async def test_cancelling_a_stream_aborts_it_and_frees_its_blocks(engine) -> Non
     assert engine.core.kv_pool.num_free_blocks == engine.core.kv_pool.num_blocks
 
 
-def test_bad_input_raises_and_the_engine_keeps_serving(engine, small_checkpoint) -> None:
+def test_bad_input_raises_and_the_engine_keeps_serving(engine: LLMEngine, small_checkpoint: Checkpoint) -> None:
     good_prompt = prompt_of(50, seed=11)
     collector = Collector()
     good = engine.add_request(good_prompt, SamplingParams(max_tokens=48), callback=collector)
     zero_tokens = SamplingParams()
     zero_tokens.max_tokens = 0
-    bad_inputs = [
+    bad_inputs: list[tuple[list[int], SamplingParams, str]] = [
         ([], SamplingParams(), "empty"),
         ([1] * engine.max_model_len, SamplingParams(), "at most"),
         ([1, 2, 1000], SamplingParams(), "outside the vocabulary"),
         ([1, -3], SamplingParams(), "outside the vocabulary"),
-        (["a", 2], SamplingParams(), "integer"),
+        (["a", 2], SamplingParams(), "integer"),  # type: ignore[list-item]  # a token that is no integer, on purpose
         ([1, 2], zero_tokens, "max_tokens"),
     ]
     for prompt, params, message in bad_inputs:
@@ -186,7 +193,7 @@ def test_bad_input_raises_and_the_engine_keeps_serving(engine, small_checkpoint)
     assert engine.figures().requests == RequestFigures(running=0, waiting=0, preemptions=0)
 
 
-def test_figures_expose_the_engine(engine) -> None:
+def test_figures_expose_the_engine(engine: LLMEngine) -> None:
     engine.generate([prompt_of(20, seed=12)], SamplingParams(max_tokens=4))
     figures = engine.figures()
     assert figures.kv_cache.blocks_total == engine.core.kv_pool.num_blocks
@@ -197,14 +204,14 @@ def test_figures_expose_the_engine(engine) -> None:
     assert figures.dtype == "float32" and figures.is_demo_model is False
 
 
-def test_a_request_before_start_is_refused(small_checkpoint) -> None:
+def test_a_request_before_start_is_refused(small_checkpoint: Checkpoint) -> None:
     engine = LLMEngine.from_pretrained(str(small_checkpoint.path), kv_cache_tokens=256)
     with pytest.raises(RuntimeError, match="not started"):
         engine.add_request(prompt_of(10), SamplingParams())
     assert not engine.is_running()
 
 
-def test_shutdown_aborts_requests_in_flight(small_checkpoint) -> None:
+def test_shutdown_aborts_requests_in_flight(small_checkpoint: Checkpoint) -> None:
     engine = LLMEngine.from_pretrained(str(small_checkpoint.path), kv_cache_tokens=1024).start()
     collector = Collector()
     request_id = engine.add_request(prompt_of(10), SamplingParams(max_tokens=500, ignore_eos=True), callback=collector)

@@ -1,14 +1,20 @@
+from typing import Protocol
+
 import pytest
 
-from engine.kv_pool import Block, FreeBlockQueue, KVPool
 from engine import SamplingParams
+from engine.kv_pool import Block, FreeBlockQueue, KVPool
 from engine.sequence import Sequence
 
 BLOCK = 4
 
 
+class NewSeq(Protocol):
+    def __call__(self, token_ids: list[int], priority: int = 0) -> Sequence: ...
+
+
 @pytest.fixture
-def new_seq():
+def new_seq() -> NewSeq:
     arrivals = iter(range(1000))
 
     def make(token_ids: list[int], priority: int = 0) -> Sequence:
@@ -44,11 +50,11 @@ def test_free_block_queue_removes_from_the_middle_in_order() -> None:
     assert [queue.popleft().block_id for _ in range(len(queue))] == [2, 0, 1, 3, 4]
 
 
-def test_prefix_hits_share_blocks_and_stop_short_of_the_last_token(new_seq) -> None:
+def test_prefix_hits_share_blocks_and_stop_short_of_the_last_token(new_seq: NewSeq) -> None:
     pool = KVPool(16, BLOCK, enable_prefix_caching=True)
     first = new_seq(list(range(10)))
     assert admit(pool, first) == 0
-    second = new_seq(list(range(9)) + [99, 100])
+    second = new_seq([*range(9), 99, 100])
     assert admit(pool, second) == 8
     assert second.block_table[:2] == first.block_table[:2]
     assert pool.blocks[first.block_table[0]].ref_cnt == 2
@@ -57,7 +63,7 @@ def test_prefix_hits_share_blocks_and_stop_short_of_the_last_token(new_seq) -> N
     assert pool.figures().prefix_hit_tokens == 12
 
 
-def test_freed_cached_blocks_are_evicted_least_recently_used_first(new_seq) -> None:
+def test_freed_cached_blocks_are_evicted_least_recently_used_first(new_seq: NewSeq) -> None:
     pool = KVPool(4, BLOCK, enable_prefix_caching=True)
     old, recent = new_seq([1] * 5), new_seq([2] * 5)
     for seq in (old, recent):
@@ -70,7 +76,7 @@ def test_freed_cached_blocks_are_evicted_least_recently_used_first(new_seq) -> N
     assert pool.get_computed_blocks(new_seq([1] * 5)) == []
 
 
-def test_deallocate_returns_every_block(new_seq) -> None:
+def test_deallocate_returns_every_block(new_seq: NewSeq) -> None:
     pool = KVPool(8, BLOCK, enable_prefix_caching=True)
     seqs = [new_seq(list(range(n))) for n in (3, 9, 9, 14)]
     for seq in seqs[:3]:
@@ -83,7 +89,7 @@ def test_deallocate_returns_every_block(new_seq) -> None:
     assert all(block.ref_cnt == 0 for block in pool.blocks)
 
 
-def test_may_append_grows_block_by_block(new_seq) -> None:
+def test_may_append_grows_block_by_block(new_seq: NewSeq) -> None:
     pool = KVPool(3, BLOCK, enable_prefix_caching=False)
     seq = new_seq(list(range(4)))
     admit(pool, seq)

@@ -2,7 +2,8 @@
 
 import torch
 
-from engine import LLMEngine, SamplingParams
+from engine import LLMEngine, RequestOutput, SamplingParams
+from tests.engine.conftest import Checkpoint
 
 NEW_TOKENS = 32
 
@@ -24,14 +25,14 @@ def shared_prefix_prompts(prompts: list[list[int]]) -> list[list[int]]:
     ]
 
 
-def assert_parity(engine: LLMEngine, checkpoint, prompts: list[list[int]]) -> list:
+def assert_parity(engine: LLMEngine, checkpoint: Checkpoint, prompts: list[list[int]]) -> list[RequestOutput]:
     outputs = engine.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS))
-    for prompt, output in zip(prompts, outputs):
+    for prompt, output in zip(prompts, outputs, strict=True):
         assert output.token_ids == checkpoint.greedy(prompt, NEW_TOKENS), f"prompt of {len(prompt)} tokens"
     return outputs
 
 
-def test_greedy_parity_with_shared_prefixes(parity_checkpoint) -> None:
+def test_greedy_parity_with_shared_prefixes(parity_checkpoint: Checkpoint) -> None:
     vocab_size = parity_checkpoint.hf_model.config.vocab_size
     prompts = ragged_prompts(vocab_size)
     with LLMEngine.from_pretrained(str(parity_checkpoint.path), max_num_batched_tokens=256) as engine:
@@ -42,7 +43,7 @@ def test_greedy_parity_with_shared_prefixes(parity_checkpoint) -> None:
         assert engine.core.kv_pool.num_free_blocks == engine.core.kv_pool.num_blocks
 
 
-def test_greedy_parity_under_preemption(parity_checkpoint) -> None:
+def test_greedy_parity_under_preemption(parity_checkpoint: Checkpoint) -> None:
     vocab_size = parity_checkpoint.hf_model.config.vocab_size
     prompts = ragged_prompts(vocab_size, seed=1)
     # 40 blocks of 16 tokens for ~1000 prompt tokens plus 8 x 32 generated ones

@@ -1,16 +1,21 @@
+from typing import Protocol
+
 import pytest
 
-from engine import EngineConfig
+from engine import EngineConfig, SamplingParams
 from engine.kv_pool import KVPool
-from engine import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
 
 BLOCK = 4
 
 
+class NewSeq(Protocol):
+    def __call__(self, num_tokens: int, priority: int = 0, first_token: int = 0) -> Sequence: ...
+
+
 @pytest.fixture
-def new_seq():
+def new_seq() -> NewSeq:
     arrivals = iter(range(1000))
 
     def make(num_tokens: int, priority: int = 0, first_token: int = 0) -> Sequence:
@@ -42,7 +47,7 @@ def step(scheduler: Scheduler) -> dict[str, int]:
     return {seq.request_id: n for seq, n in batch}
 
 
-def test_long_prefill_is_chunked_and_decodes_keep_running(new_seq) -> None:
+def test_long_prefill_is_chunked_and_decodes_keep_running(new_seq: NewSeq) -> None:
     scheduler = make_scheduler(num_blocks=64, budget=32)
     short, long = new_seq(8), new_seq(100, first_token=1000)
     scheduler.add(short)
@@ -56,7 +61,7 @@ def test_long_prefill_is_chunked_and_decodes_keep_running(new_seq) -> None:
     assert long.num_output_tokens == 2
 
 
-def test_waiting_requests_join_by_priority_and_max_num_seqs(new_seq) -> None:
+def test_waiting_requests_join_by_priority_and_max_num_seqs(new_seq: NewSeq) -> None:
     scheduler = make_scheduler(num_blocks=64, budget=64, max_num_seqs=2)
     low, high, mid = (
         new_seq(4, priority=5),
@@ -69,7 +74,7 @@ def test_waiting_requests_join_by_priority_and_max_num_seqs(new_seq) -> None:
     assert low.status == SequenceStatus.WAITING
 
 
-def test_pool_exhaustion_preempts_the_newest_and_recomputes_it(new_seq) -> None:
+def test_pool_exhaustion_preempts_the_newest_and_recomputes_it(new_seq: NewSeq) -> None:
     scheduler = make_scheduler(num_blocks=4, budget=64)
     old, new = new_seq(7), new_seq(7, first_token=100)
     scheduler.add(old)
@@ -87,7 +92,7 @@ def test_pool_exhaustion_preempts_the_newest_and_recomputes_it(new_seq) -> None:
     assert scheduler.kv_pool.num_free_blocks == 1
 
 
-def test_higher_priority_arrival_preempts_a_lower_priority_runner(new_seq) -> None:
+def test_higher_priority_arrival_preempts_a_lower_priority_runner(new_seq: NewSeq) -> None:
     scheduler = make_scheduler(num_blocks=4, budget=64)
     background = new_seq(15, priority=10)
     scheduler.add(background)

@@ -24,8 +24,12 @@ def new_message_id() -> str:
 
 
 def mention(number: int, open_id: str, name: str) -> dict[str, Any]:
-    return {"key": f"@_user_{number}", "id": {"open_id": open_id, "union_id": f"on_{open_id}", "user_id": ""},
-            "name": name, "tenant_key": "tenant"}
+    return {
+        "key": f"@_user_{number}",
+        "id": {"open_id": open_id, "union_id": f"on_{open_id}", "user_id": ""},
+        "name": name,
+        "tenant_key": "tenant",
+    }
 
 
 def bot_mention(number: int = 1, open_id: str = BOT_OPEN_ID) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from lark_oapi.ws.pb.pbbp2_pb2 import Frame
 
-from fakes.events import BOT_OPEN_ID, encrypt, signature_headers
+from tests.fakes.events import BOT_OPEN_ID, encrypt, signature_headers
 
 RATE_LIMIT_CODE = 99991400
 CARDKIT_DENIED_CODE = 99991672
@@ -103,8 +103,9 @@ class FakeFeishu:
         self._acks: dict[str, asyncio.Future[int]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server = uvicorn.Server(
-            uvicorn.Config(self._build_app(), host="127.0.0.1", port=port, log_level="warning",
-                           timeout_graceful_shutdown=1)
+            uvicorn.Config(
+                self._build_app(), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1
+            )
         )
         self._thread = threading.Thread(target=self._server.run, name="fake-feishu", daemon=True)
 
@@ -134,7 +135,12 @@ class FakeFeishu:
         return asyncio.run_coroutine_threadsafe(self._push(event, timeout_s), self._loop).result(timeout_s + 1)
 
     def post_event(
-        self, url: str, event: dict[str, Any], *, encrypt_key: str, timestamp: int | None = None,
+        self,
+        url: str,
+        event: dict[str, Any],
+        *,
+        encrypt_key: str,
+        timestamp: int | None = None,
         signature: str | None = None,
     ) -> httpx.Response:
         """Deliver `event` to a webhook the way Feishu does: encrypted and signed."""
@@ -198,10 +204,17 @@ class FakeFeishu:
         @app.get("/open-apis/bot/v3/info")
         async def bot_info(request: Request) -> dict[str, Any]:
             await self._admit(request)
-            return {"code": 0, "msg": "ok", "bot": {
-                "activate_status": 2, "app_name": "Clawdbot", "avatar_url": "", "ip_white_list": [],
-                "open_id": self.bot_open_id,
-            }}
+            return {
+                "code": 0,
+                "msg": "ok",
+                "bot": {
+                    "activate_status": 2,
+                    "app_name": "Clawdbot",
+                    "avatar_url": "",
+                    "ip_white_list": [],
+                    "open_id": self.bot_open_id,
+                },
+            }
 
         @app.post("/open-apis/im/v1/messages")
         async def create_message(request: Request) -> dict[str, Any]:
@@ -255,11 +268,19 @@ class FakeFeishu:
             if not body.get("AppID") or not body.get("AppSecret"):
                 return {"code": 1000040344, "msg": "app_id and app_secret are required"}
             device = next(self._ids)
-            return {"code": 0, "msg": "ok", "data": {
-                "URL": f"ws://127.0.0.1:{self.port}/ws?device_id={device}&service_id={device}",
-                "ClientConfig": {"ReconnectCount": -1, "ReconnectInterval": self.reconnect_interval_s,
-                                 "ReconnectNonce": 0, "PingInterval": 120},
-            }}
+            return {
+                "code": 0,
+                "msg": "ok",
+                "data": {
+                    "URL": f"ws://127.0.0.1:{self.port}/ws?device_id={device}&service_id={device}",
+                    "ClientConfig": {
+                        "ReconnectCount": -1,
+                        "ReconnectInterval": self.reconnect_interval_s,
+                        "ReconnectNonce": 0,
+                        "PingInterval": 120,
+                    },
+                },
+            }
 
         @app.websocket("/ws")
         async def long_connection(socket: WebSocket) -> None:
@@ -287,8 +308,12 @@ class FakeFeishu:
         if self._rate_limit_left > 0:
             self._rate_limit_left -= 1
             self.rate_limited += 1
-            raise _Refusal(429, RATE_LIMIT_CODE, "request trigger frequency limit",
-                           {"x-ogw-ratelimit-limit": "50", "x-ogw-ratelimit-reset": str(self._rate_limit_reset_s)})
+            raise _Refusal(
+                429,
+                RATE_LIMIT_CODE,
+                "request trigger frequency limit",
+                {"x-ogw-ratelimit-limit": "50", "x-ogw-ratelimit-reset": str(self._rate_limit_reset_s)},
+            )
         if cardkit and self.refuse_cardkit:
             raise _Refusal(400, CARDKIT_DENIED_CODE, "app has no permission cardkit:card:write")
         return body or {}
@@ -298,12 +323,16 @@ class FakeFeishu:
         known = self._uuids.get(body.get("uuid") or "")
         if known is None:
             content = json.loads(body["content"])
-            if body["msg_type"] == "interactive" and content.get("type") == "card":
-                if content["data"]["card_id"] not in self.cards:
-                    raise _Refusal(400, 230099, "card_id not found")
+            is_card = body["msg_type"] == "interactive" and content.get("type") == "card"
+            if is_card and content["data"]["card_id"] not in self.cards:
+                raise _Refusal(400, 230099, "card_id not found")
             message = SentMessage(
-                message_id=f"om_sent_{next(self._ids)}", chat_id=chat_id, msg_type=body["msg_type"],
-                content=content, uuid=body.get("uuid"), reply_to=reply_to,
+                message_id=f"om_sent_{next(self._ids)}",
+                chat_id=chat_id,
+                msg_type=body["msg_type"],
+                content=content,
+                uuid=body.get("uuid"),
+                reply_to=reply_to,
                 reply_in_thread=bool(body.get("reply_in_thread")),
             )
             self.messages[message.message_id] = message
@@ -311,10 +340,16 @@ class FakeFeishu:
                 self._uuids[message.uuid] = message.message_id
             known = message.message_id
         message = self.messages[known]
-        return {"code": 0, "msg": "success", "data": {
-            "message_id": message.message_id, "chat_id": message.chat_id, "msg_type": message.msg_type,
-            "create_time": str(int(time.time() * 1000)),
-        }}
+        return {
+            "code": 0,
+            "msg": "success",
+            "data": {
+                "message_id": message.message_id,
+                "chat_id": message.chat_id,
+                "msg_type": message.msg_type,
+                "create_time": str(int(time.time() * 1000)),
+            },
+        }
 
     def _message(self, message_id: str) -> SentMessage:
         if message_id not in self.messages:
@@ -342,10 +377,20 @@ class FakeFeishu:
             raise ConnectionError("no long connection is open")
         connection = self._connections[-1]
         frame_id = f"frame-{next(self._ids)}"
-        frame = Frame(SeqID=next(self._ids), LogID=0, service=connection.service_id, method=FRAME_DATA,
-                      payload=json.dumps(event).encode())
-        for key, value in (("type", "event"), ("message_id", frame_id), ("trace_id", frame_id),
-                           ("sum", "1"), ("seq", "0")):
+        frame = Frame(
+            SeqID=next(self._ids),
+            LogID=0,
+            service=connection.service_id,
+            method=FRAME_DATA,
+            payload=json.dumps(event).encode(),
+        )
+        for key, value in (
+            ("type", "event"),
+            ("message_id", frame_id),
+            ("trace_id", frame_id),
+            ("sum", "1"),
+            ("seq", "0"),
+        ):
             frame.headers.add(key=key, value=value)
         ack = self._acks[frame_id] = asyncio.get_running_loop().create_future()
         try:

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from app_process import AppProcess
-from support import ROOT
-from web_support import running_app
+from tests.app_process import AppProcess
+from tests.support import ROOT
+from tests.web.web_support import running_app
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser, Page
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -20,8 +24,13 @@ ADMIN_TOKEN = "console-test-token"
 CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
 ]
 
 
@@ -33,7 +42,7 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppProcess]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[playwright_api.Browser]:
+def browser() -> Iterator[Browser]:
     if not CHROMIUM.exists():
         pytest.skip("Chromium is not installed (apt-get install chromium)")
     with playwright_api.sync_playwright() as playwright:
@@ -43,23 +52,23 @@ def browser() -> Iterator[playwright_api.Browser]:
 
 
 @pytest.fixture
-def page(browser: playwright_api.Browser) -> Iterator[playwright_api.Page]:
+def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1360, "height": 900})
     yield context.new_page()
     context.close()
 
 
-def log_in(page: playwright_api.Page, base_url: str, token: str) -> None:
+def log_in(page: Page, base_url: str, token: str) -> None:
     page.goto(f"{base_url}/admin")
     page.fill("#token", token)
     page.click("button[type=submit]")
 
 
-def figure(page: playwright_api.Page, label: str) -> int:
+def figure(page: Page, label: str) -> int:
     return int(page.locator(f'.figure[data-figure="{label}"] .value').inner_text().replace(",", ""))
 
 
-def test_wrong_token_is_refused(app: AppProcess, page: playwright_api.Page) -> None:
+def test_wrong_token_is_refused(app: AppProcess, page: Page) -> None:
     log_in(page, app.base_url, "not-the-token")
     playwright_api.expect(page.get_by_role("alert")).to_have_text("Wrong token.")
     assert page.url.endswith("/admin/login")
@@ -68,7 +77,7 @@ def test_wrong_token_is_refused(app: AppProcess, page: playwright_api.Page) -> N
     assert page.request.get(f"{app.base_url}/admin/api/stats").status == 401
 
 
-def test_chat_twice_then_console_shows_the_hit(app: AppProcess, browser: playwright_api.Browser) -> None:
+def test_chat_twice_then_console_shows_the_hit(app: AppProcess, browser: Browser) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     context = browser.new_context(viewport={"width": 1360, "height": 900})
     console, chat = context.new_page(), context.new_page()

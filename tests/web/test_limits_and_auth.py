@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
@@ -61,7 +63,7 @@ def test_body_limit_by_content_length(echo: TestClient) -> None:
 
 
 def test_body_limit_for_chunked_bodies(echo: TestClient) -> None:
-    def chunks(count: int):  # no Content-Length: sent chunked
+    def chunks(count: int) -> Iterator[bytes]:  # no Content-Length: sent chunked
         for _ in range(count):
             yield b"x" * 300
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
-from app_process import AppProcess
-from web_support import running_app
+from tests.app_process import AppProcess
+from tests.web.web_support import running_app
 
 API_KEY = "sk-test-key"
 MODEL = "builtin:tiny-qwen3"
@@ -22,7 +24,7 @@ RATE_PER_MINUTE = 30
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppProcess]:
-    overrides = {
+    overrides: dict[str, dict[str, Any]] = {
         "api": {"key": API_KEY, "max_queued_requests": 1},
         # One sequence at a time, so the queue test can fill the waiting queue with two requests.
         "engine": {"max_num_seqs": 1},
@@ -38,14 +40,13 @@ def client(app: AppProcess) -> Iterator[OpenAI]:
         yield client
 
 
-def ask(client: OpenAI, *messages: str, **options: object) -> tuple[str, openai.types.chat.ChatCompletion]:
+def ask(client: OpenAI, *messages: str) -> tuple[str, openai.types.chat.ChatCompletion]:
     """(X-Cache-Status, completion) for a conversation of alternating user/assistant texts."""
-    roles = ("user", "assistant")
-    raw = client.chat.completions.with_raw_response.create(
-        model=MODEL,
-        messages=[{"role": roles[i % 2], "content": text} for i, text in enumerate(messages)],
-        **options,
-    )
+    conversation: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": text} if i % 2 == 0 else {"role": "assistant", "content": text}
+        for i, text in enumerate(messages)
+    ]
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=conversation)
     return raw.headers["x-cache-status"], raw.parse()
 
 
@@ -111,13 +112,17 @@ def test_second_turn_reuses_the_first_turns_tokens(client: OpenAI) -> None:
     question = "Plan a three-day trip to Hangzhou for a family of four."
     _, first = ask(client, question)
     reply = first.choices[0].message.content
+    assert reply is not None
     _, second = ask(client, question, reply, "And what should we eat there?")
     assert first.usage is not None and second.usage is not None
-    cached = second.usage.prompt_tokens_details.cached_tokens
+    first_details, second_details = first.usage.prompt_tokens_details, second.usage.prompt_tokens_details
+    assert first_details is not None and second_details is not None
+    cached, cached_before = second_details.cached_tokens, first_details.cached_tokens
+    assert cached is not None and cached_before is not None
     assert second.usage.prompt_tokens > first.usage.prompt_tokens
     # Every full KV block of the first turn (16 tokens each) is reused.
     assert cached >= first.usage.prompt_tokens // 16 * 16
-    assert cached > first.usage.prompt_tokens_details.cached_tokens
+    assert cached > cached_before
 
 
 def test_repeat_is_exact_and_paraphrase_is_semantic(client: OpenAI) -> None:
@@ -132,10 +137,16 @@ def test_repeat_is_exact_and_paraphrase_is_semantic(client: OpenAI) -> None:
 
 @pytest.mark.parametrize("api_key", ["", "sk-wrong"])
 def test_missing_or_wrong_api_key_is_401(app: AppProcess, api_key: str) -> None:
-    with OpenAI(base_url=f"{app.base_url}/v1", api_key=api_key or "unused", max_retries=0,
-                default_headers={"Authorization": f"Bearer {api_key}"} if api_key else {"Authorization": ""}) as client:
-        with pytest.raises(openai.AuthenticationError) as excinfo:
-            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    with (
+        OpenAI(
+            base_url=f"{app.base_url}/v1",
+            api_key=api_key or "unused",
+            max_retries=0,
+            default_headers={"Authorization": f"Bearer {api_key}"} if api_key else {"Authorization": ""},
+        ) as client,
+        pytest.raises(openai.AuthenticationError) as excinfo,
+    ):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
     assert excinfo.value.status_code == 401
     assert excinfo.value.code == "invalid_api_key"
 
@@ -146,7 +157,10 @@ def test_missing_or_wrong_api_key_is_401(app: AppProcess, api_key: str) -> None:
         ([{"role": "robot", "content": "hi"}], "messages[0].role"),
         ([{"role": "assistant", "content": "hi"}], "messages"),
         ([{"role": "user", "content": "x" * 8001}], "messages[0].content"),
-        ([{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(MAX_MESSAGES + 1)], "messages"),
+        (
+            [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(MAX_MESSAGES + 1)],
+            "messages",
+        ),
     ],
     ids=["unknown-role", "last-not-user", "message-too-long", "too-many-messages"],
 )
@@ -197,7 +211,10 @@ async def test_full_engine_queue_is_429(app: AppProcess) -> None:
     async with AsyncOpenAI(base_url=f"{app.base_url}/v1", api_key=API_KEY, max_retries=0) as client:
         # A long reply holds the only running slot; the next request waits; the one after is refused.
         running = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "Write a very long story."}], max_tokens=4000, stream=True
+            model=MODEL,
+            messages=[{"role": "user", "content": "Write a very long story."}],
+            max_tokens=4000,
+            stream=True,
         )
         await anext(aiter(running))
         waiting = asyncio.create_task(

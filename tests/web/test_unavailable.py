@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 from openai import OpenAI
 
-from wiring import build_app
 from settings import Settings
-from support import SHARED_DATA_DIR
+from tests.support import SHARED_DATA_DIR
+from wiring import build_app
 
 
 def test_completions_are_503_once_the_engine_stopped(tmp_path: Path) -> None:
@@ -21,8 +21,9 @@ def test_completions_are_503_once_the_engine_stopped(tmp_path: Path) -> None:
             "engine": {"model": "builtin:tiny-qwen3", "data_dir": str(SHARED_DATA_DIR)},
         }
     )
-    with TestClient(build_app(settings)) as http:
-        http.app.state.chat_manager.engine.shutdown()
+    app = build_app(settings)
+    with TestClient(app) as http:
+        app.state.chat_manager.engine.shutdown()
         client = OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http, max_retries=0)
         with pytest.raises(openai.InternalServerError) as excinfo:
             client.chat.completions.create(model="builtin:tiny-qwen3", messages=[{"role": "user", "content": "hi"}])

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from app_process import AppProcess
-from support import free_port
+from tests.app_process import AppProcess
+from tests.support import free_port
 
 # The demo model rarely stops by itself: short greedy replies keep the tests fast and repeatable.
 BASE_CONFIG: dict[str, dict[str, Any]] = {

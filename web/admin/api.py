@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from sqlalchemy.engine import make_url
 
 from cache.response_cache import EntryView
-from chat.sessions import SessionDetail, SessionPage
+from chat.session_rows import SessionDetail, SessionPage
 from settings import Settings
 from web.admin.auth import require_admin
 from web.deps import ChatManagerDep, MonitorDep, SessionsDep, SettingsDep

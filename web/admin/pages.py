@@ -25,7 +25,10 @@ async def console(request: Request, logged_in: Annotated[bool, Depends(auth.is_l
 async def login_form(request: Request, settings: SettingsDep) -> HTMLResponse:
     closed = not settings.admin.token
     return templates.TemplateResponse(
-        request, "login.html", {"closed": closed}, status_code=status.HTTP_403_FORBIDDEN if closed else status.HTTP_200_OK
+        request,
+        "login.html",
+        {"closed": closed},
+        status_code=status.HTTP_403_FORBIDDEN if closed else status.HTTP_200_OK,
     )
 
 
@@ -40,8 +43,13 @@ async def login(
     ttl_s = settings.admin.session_ttl_s
     response = RedirectResponse("/admin", status_code=status.HTTP_303_SEE_OTHER)
     response.set_cookie(
-        auth.COOKIE, auth.issue(token, ttl_s), max_age=ttl_s, path=auth.COOKIE_PATH,
-        httponly=True, samesite="strict", secure=request.url.scheme == "https",
+        auth.COOKIE,
+        auth.issue(token, ttl_s),
+        max_age=ttl_s,
+        path=auth.COOKIE_PATH,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
     )
     return response
 

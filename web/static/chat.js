@@ -89,7 +89,7 @@ async function ask(text) {
 form.addEventListener("submit", async (event) => {
   event.preventDefault();
   const text = input.value.trim();
-  if (!text) return;
+  if (!text || input.disabled) return;
   input.value = "";
   send.disabled = true;
   try {
@@ -109,15 +109,26 @@ input.addEventListener("keydown", (event) => {
   }
 });
 
-document.getElementById("new-session").addEventListener("click", async () => {
+// While the session is being loaded or replaced, the composer waits: a message sent meanwhile
+// would be shown before the history it follows, or cleared along with the old conversation.
+async function withComposerLocked(work) {
+  input.disabled = true;
+  try {
+    await work();
+  } finally {
+    input.disabled = false;
+    input.focus();
+  }
+}
+
+document.getElementById("new-session").addEventListener("click", () => withComposerLocked(async () => {
   const response = await fetch("/chat/api/reset", { method: "POST" });
   if (!response.ok) { bubble("error", await errorMessage(response)); return; }
   log.replaceChildren();
-  input.focus();
-});
+}));
 
-(async () => {
+withComposerLocked(async () => {
   const response = await fetch("/chat/api/history");
   if (!response.ok) return;
   for (const message of (await response.json()).messages) bubble(message.role, message.text);
-})();
+});

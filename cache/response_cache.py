@@ -76,12 +76,11 @@ class CacheFigures:
 @dataclass
 class _Search:
     """What a lookup found in memory: an exact hit, or the question's vector and the candidates
-    that passed verification, each with its cached question."""
+    above the threshold, most similar first, each with its cached question."""
 
     exact: CacheHit | None = None
     vector: np.ndarray | None = None
     candidates: list[tuple[CacheHit, str]] = field(default_factory=list)
-    rejected_verify: int = 0
 
 
 @dataclass(frozen=True)
@@ -145,12 +144,11 @@ class ResponseCache:
         started = time.perf_counter()
         now, key = self._clock(), l1_key(scope, question)
         search = await asyncio.to_thread(self._search, scope.key, key, question, now)
-        self._counts["rejected_verify"] += search.rejected_verify
         hit = search.exact
         if hit is None:
             assert search.vector is not None
             self._remember(key, search.vector)
-            hit = await self._judged(question, search.candidates)
+            hit = await self._same_question(question, search.candidates)
             if hit is not None:
                 await asyncio.to_thread(self._record_hit, hit.entry_id, now)
         self._latencies.append(time.perf_counter() - started)
@@ -168,11 +166,15 @@ class ResponseCache:
         await self._write(self._insert, scope.key, key, question, scrub(answer), vector, self._clock())
         return True
 
-    async def _judged(self, question: str, candidates: list[tuple[CacheHit, str]]) -> CacheHit | None:
+    async def _same_question(self, question: str, candidates: list[tuple[CacheHit, str]]) -> CacheHit | None:
+        """The first candidate that asks what `question` asks: it passes verification, then the judge."""
         for candidate, cached in candidates:
-            if self.judge is None or await self.judge(question, cached):
+            if self.settings.verify and not verify(question, cached, self.settings.min_overlap).same:
+                self._counts["rejected_verify"] += 1
+            elif self.judge is not None and not await self.judge(question, cached):
+                self._counts["rejected_judge"] += 1
+            else:
                 return candidate
-            self._counts["rejected_judge"] += 1
         return None
 
     def _remember(self, key: str, vector: np.ndarray) -> None:
@@ -184,8 +186,8 @@ class ResponseCache:
     # --- worker threads -----------------------------------------------------------------------
 
     def _search(self, scope: str, key: str, question: str, now: float) -> _Search:
-        """L1, else the embedding and the L2 candidates that pass the threshold and verification,
-        each neighbour credited with its closeness to this query (what adaptive eviction weighs)."""
+        """L1, else the embedding and the L2 candidates that pass the threshold, each neighbour
+        credited with its closeness to this query (what adaptive eviction weighs)."""
         with self._lock:
             exact = self._table.by_key(key)
             if exact is not None and self._fresh(exact, now):
@@ -203,16 +205,12 @@ class ResponseCache:
             for entry, similarity in neighbours:
                 relatedness = min(1.0, max(0.0, (similarity - floor) / (1.0 - floor)))
                 entry.usage.credit(relatedness, now, self.settings.closeness_half_life_s)
-            above = [(e, s) for e, s in neighbours if s >= self.threshold and self._fresh(e, now)]
-        search = _Search(vector=vector)
-        for entry, similarity in above:
-            if self.settings.verify and not verify(question, entry.question, self.settings.min_overlap).same:
-                search.rejected_verify += 1
-                continue
-            search.candidates.append(
+            candidates = [
                 (CacheHit(entry.answer, CacheLevel.SEMANTIC, similarity, entry.id), entry.question)
-            )
-        return search
+                for entry, similarity in neighbours
+                if similarity >= self.threshold and self._fresh(entry, now)
+            ]
+        return _Search(vector=vector, candidates=candidates)
 
     def _record_hit(self, entry_id: int, now: float) -> None:
         with self._lock:

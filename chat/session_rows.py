@@ -106,6 +106,13 @@ def detail(db: Database, session_id: int) -> SessionDetail | None:
         )
 
 
+def counts(db: Database) -> tuple[int, int]:
+    """Sessions stored, and how many of them are active."""
+    with db.session() as session:
+        repository = SessionRepository(session)
+        return repository.count(), repository.count("active")
+
+
 def _summary(row: ChatSession, messages: int, turns: int) -> SessionSummary:
     return SessionSummary(
         id=row.id,

@@ -192,7 +192,8 @@ class SessionStore:
         return await asyncio.to_thread(session_rows.detail, self.db, session_id)
 
     async def counts(self) -> SessionCounts:
-        return await asyncio.to_thread(self._counts)
+        stored, active = await asyncio.to_thread(session_rows.counts, self.db)
+        return SessionCounts(in_memory=len(self._sessions), stored=stored, active=active)
 
     # --- the database (worker threads) -----------------------------------------------------------
 
@@ -278,13 +279,6 @@ class SessionStore:
             chats = ChatRepository(session)
             chats.get_or_create(conversation.chat_id, channel=conversation.channel, chat_type=conversation.chat_type)
             chats.set_system_prompt(conversation.chat_id, system_prompt)
-
-    def _counts(self) -> SessionCounts:
-        with self.db.session() as session:
-            repository = SessionRepository(session)
-            return SessionCounts(
-                in_memory=len(self._sessions), stored=repository.count(), active=repository.count("active")
-            )
 
 
 def _write_compression(session: Session, session_id: int, compression: Compression) -> None:

@@ -1,4 +1,4 @@
-"""The app built by `app.build_app`, served by uvicorn in this process, and what it answered.
+"""The app built by `wiring.build_app`, served by uvicorn in this process, and what it answered.
 
 In-process so the model, torch and lark-oapi load once per test session (a `python app.py` start
 costs half a minute on two cores); the wiring is `build_app`'s own, the Feishu side is the real

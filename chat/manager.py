@@ -2,7 +2,8 @@
 
     session, under its lock -> response cache (L1, L2) -> compression if the prompt would not fit
     -> request merging -> LLMEngine.stream -> reply streamed to the caller -> turn stored
-    -> answer cached -> compression ahead of the next turn, in the background, if due
+    -> answer cached -> in the background: the model's summaries for the compression's
+    stand-ins; compression ahead of the next turn, if due
 
 Turns of one session run strictly in order (the session's lock); sessions run concurrently.
 """
@@ -13,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 
 from cache.keys import Scope, l1_key, scope_key
@@ -132,6 +133,7 @@ class ChatManager:
                 await self.cache.store(scope, request.text, reply.text)
             if compression is not None:
                 self._counter.count_compression()
+                self._summarize_later(session, compression)
             self._compress_ahead(session)
         ttft_s = (reply.first_text_at or time.perf_counter()) - started
         self._counter.count_turn(level, ttft_s)
@@ -202,22 +204,20 @@ class ChatManager:
         if compression is None:
             return None
         log.info(
-            "session %d compressed: %d -> %d tokens, %d spans summarized",
+            "session %d compressed: %d -> %d tokens, %d spans summarized (%d by stand-ins for now)",
             session.id,
             history.num_tokens,
             compression.history.num_tokens,
             len(compression.summaries),
+            len(compression.pending),
         )
         return compression
 
     def _compress_ahead(self, session: SessionState) -> None:
-        """Past the high-water mark, compress now, in the background, so that the next turn does
-        not wait for the summaries; relevance is then judged against the latest question."""
-        if not self.compressor.worth_doing_ahead(session.history):
-            return
-        task = asyncio.create_task(self._compress_in_background(session), name=f"compress-session-{session.id}")
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        """Past the high-water mark, compress now, in the background, so that the next turn finds
+        the prompt within budget; relevance is then judged against the latest question."""
+        if self.compressor.worth_doing_ahead(session.history):
+            self._in_background(self._compress_in_background(session), f"compress-session-{session.id}")
 
     async def _compress_in_background(self, session: SessionState) -> None:
         async with session.lock:
@@ -234,13 +234,43 @@ class ChatManager:
                 return
             if compression is not None:
                 self._counter.count_compression()
+                self._summarize_later(session, compression)
+
+    def _summarize_later(self, session: SessionState, compression: Compression) -> None:
+        if compression.pending:
+            self._in_background(self._summarize(session, compression), f"summarize-session-{session.id}")
+
+    async def _summarize(self, session: SessionState, compression: Compression) -> None:
+        """The model's summaries of a compression's spans, written without holding the session,
+        then put in place of their stand-ins for the turns to come."""
+        try:
+            summaries = await self.compressor.write_summaries(compression.pending)
+            async with session.lock:
+                if session.closed:
+                    return
+                rewritten = self.compressor.with_summaries(
+                    session.history, compression.pending, summaries, session.next_seq
+                )
+                if rewritten is not None:
+                    await self.sessions.save_summaries(session, rewritten)
+        except Exception:
+            # The stand-ins stay: they are what the messages said, only longer-winded.
+            log.exception("session %d: writing the summaries of a compression failed", session.id)
+
+    def _in_background(self, work: Coroutine[None, None, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def settle(self) -> None:
-        """Wait for the compressions running in the background (what a user's typing time gives them)."""
-        await asyncio.gather(*self._background)
+        """Wait for the work running in the background, and the work it starts (what a user's
+        typing time gives it)."""
+        while self._background:
+            await asyncio.gather(*self._background)
 
     async def close(self) -> None:
-        """Stop the background compressions: a session left uncompressed is compressed by its next turn."""
+        """Stop the background work: an uncompressed session is compressed by its next turn, a
+        stand-in summary stays."""
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)

@@ -130,8 +130,7 @@ class SessionStore:
         user_seq = state.next_seq + len(summaries)
         await asyncio.to_thread(self._write_turn, state, compression, user_seq, question, answer)
         if compression is not None:
-            state.history = compression.history
-            state.compressions += 1
+            self._apply(state, compression, compressed=True)
         (question_text, question_ids), (answer_text, answer_ids) = question, answer
         state.history.append("user", question_ids, text=question_text, turn_index=state.next_turn, seq=user_seq)
         state.history.append("assistant", answer_ids, text=answer_text, turn_index=state.next_turn, seq=user_seq + 1)
@@ -141,10 +140,19 @@ class SessionStore:
 
     async def save_compression(self, state: SessionState, compression: Compression) -> None:
         """A compression made between turns. Call under the lock."""
-        await asyncio.to_thread(self._write_compression_alone, state, compression)
+        await asyncio.to_thread(self._write_context_alone, state, compression, True)
+        self._apply(state, compression, compressed=True)
+
+    async def save_summaries(self, state: SessionState, rewritten: Compression) -> None:
+        """The model's summaries in place of their stand-ins: the same compression, finished.
+        Call under the lock."""
+        await asyncio.to_thread(self._write_context_alone, state, rewritten, False)
+        self._apply(state, rewritten, compressed=False)
+
+    def _apply(self, state: SessionState, compression: Compression, *, compressed: bool) -> None:
         state.history = compression.history
         state.next_seq += len(compression.summaries)
-        state.compressions += 1
+        state.compressions += compressed
 
     async def reset(self, conversation: Conversation) -> None:
         """Close the current session (its history stays in the database); the next turn starts anew."""
@@ -258,7 +266,7 @@ class SessionStore:
     ) -> None:
         with self.db.session() as session:
             if compression is not None:
-                _write_compression(session, state.id, compression)
+                _write_context(session, state.id, compression, compressed=True)
             messages = MessageRepository(session)
             for offset, (role, (text, ids)) in enumerate((("user", question), ("assistant", answer))):
                 messages.add(
@@ -266,9 +274,9 @@ class SessionStore:
                 )
             SessionRepository(session).touch(state.id)
 
-    def _write_compression_alone(self, state: SessionState, compression: Compression) -> None:
+    def _write_context_alone(self, state: SessionState, compression: Compression, compressed: bool) -> None:
         with self.db.session() as session:
-            _write_compression(session, state.id, compression)
+            _write_context(session, state.id, compression, compressed=compressed)
 
     def _close(self, session_id: int) -> None:
         with self.db.session() as session:
@@ -281,7 +289,8 @@ class SessionStore:
             chats.set_system_prompt(conversation.chat_id, system_prompt)
 
 
-def _write_compression(session: Session, session_id: int, compression: Compression) -> None:
+def _write_context(session: Session, session_id: int, compression: Compression, *, compressed: bool) -> None:
+    """The new summaries and the context's new layout; `compressed`: count it as a compression."""
     messages = MessageRepository(session)
     history = compression.history
     for record in compression.summaries:
@@ -298,4 +307,4 @@ def _write_compression(session: Session, session_id: int, compression: Compressi
     row.context_seqs = [record.seq for record in history.records if record.role != "system"]
     # Everything up to the summaries is decided; later messages follow them.
     row.compacted_through_seq = max(record.seq for record in compression.summaries)
-    row.compressions += 1
+    row.compressions += compressed

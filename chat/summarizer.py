@@ -15,12 +15,14 @@ SUMMARIZER_PROMPT = (
 SUMMARY_PREFIX = "Summary of an earlier part of this conversation: "
 # The prompt's framing and instructions, in tokens, on top of the transcript.
 PROMPT_OVERHEAD_TOKENS = 64
+# Summaries are written in the background: the engine serves every user's turn before them.
+SUMMARY_PRIORITY = 1
 
 
 class Summarizer:
-    """Writes one summary per span, concurrently, so the engine batches them and a turn waits for
-    one, not all. The newest `capacity` summaries are kept by span digest: a span dropped again
-    (the same ids, in another compression or another session) is not summarized again.
+    """Writes one summary per span, concurrently, so the engine batches them. The newest
+    `capacity` summaries are kept by span digest: a span dropped again (the same ids, in another
+    compression or another session) is not summarized again.
 
     `chat_format` should have thinking off, so the summary comes first."""
 
@@ -31,8 +33,15 @@ class Summarizer:
         self.capacity = capacity
         self._summaries: OrderedDict[str, str] = OrderedDict()
 
-    async def summaries(self, transcripts: Mapping[str, str]) -> dict[str, str]:
-        """Span digest -> transcript in, span digest -> summary out."""
+    def known(self, digest: str) -> str | None:
+        """The summary of the span with this digest, if it has been written."""
+        summary = self._summaries.get(digest)
+        if summary is not None:
+            self._summaries.move_to_end(digest)
+        return summary
+
+    async def write(self, transcripts: Mapping[str, str]) -> dict[str, str]:
+        """Span digest -> transcript in, span digest -> summary out; only unknown ones are written."""
         missing = [digest for digest in transcripts if digest not in self._summaries]
         written = await asyncio.gather(*(self._write(transcripts[digest]) for digest in missing))
         for digest, summary in zip(missing, written, strict=True):
@@ -48,7 +57,7 @@ class Summarizer:
         limit = self.engine.max_model_len - self.max_tokens - PROMPT_OVERHEAD_TOKENS
         body = self.chat_format.encode(transcript)[: max(limit // 2, 64)]
         prompt = self.chat_format.prompt(SUMMARIZER_PROMPT, self.chat_format.decode(body))
-        params = SamplingParams(temperature=0.0, max_tokens=self.max_tokens)
+        params = SamplingParams(temperature=0.0, max_tokens=self.max_tokens, priority=SUMMARY_PRIORITY)
         deltas = [delta async for delta in self.engine.stream(prompt, params)]
         if deltas[-1].finish_reason not in ("stop", "length"):
             raise RuntimeError(f"the summary was not written ({deltas[-1].finish_reason})")

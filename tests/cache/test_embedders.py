@@ -1,11 +1,7 @@
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import pytest
 
-from cache.embeddings import BatchingEmbedder, CachedEmbedder, Embedder
+from cache.embeddings import CachedEmbedder, Embedder
 
 
 @pytest.mark.parametrize("name", ["embedder", "minilm"])
@@ -44,33 +40,3 @@ def test_cached_embedder_embeds_a_text_once_and_keeps_the_newest(embedder: Embed
     assert asked[-1] == ["打印机怎么连接"]  # the two newest stay: the first question left
     cached.encode(["年假怎么申请"])
     assert asked[-1] == ["年假怎么申请"]
-
-
-def test_batching_embedder_embeds_what_is_asked_meanwhile_in_one_call(embedder: Embedder) -> None:
-    asked: list[list[str]] = []
-    first_call_may_end = threading.Event()
-
-    class Slow:
-        """The real embedder, noting what it is asked; its first call lasts until the test says."""
-
-        name, dim = embedder.name, embedder.dim
-
-        def encode(self, texts: list[str]) -> np.ndarray:
-            asked.append(list(texts))
-            if len(asked) == 1:
-                first_call_may_end.wait(10)
-            return embedder.encode(texts)
-
-    batcher = BatchingEmbedder(Slow())
-    questions = [f"问题 {index}：年假怎么申请" for index in range(8)]
-    with ThreadPoolExecutor(len(questions)) as pool:
-        first = pool.submit(batcher.encode, questions[:1])
-        while not asked:  # the first caller is embedding
-            time.sleep(0.001)
-        later = [pool.submit(batcher.encode, [question]) for question in questions[1:]]
-        while batcher.num_waiting < len(later):
-            time.sleep(0.001)
-        first_call_may_end.set()
-        vectors = np.concatenate([first.result(), *(future.result() for future in later)])
-    assert asked == [questions[:1], questions[1:]]  # the seven who came meanwhile: one call
-    assert np.allclose(vectors, embedder.encode(questions), atol=1e-5)

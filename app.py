@@ -1,4 +1,5 @@
-"""Clawdbot: read the settings, prepare the process, serve until SIGINT or SIGTERM.
+"""Clawdbot: read the settings, prepare the process, serve at once, load the app, serve it until
+SIGINT or SIGTERM.
 
 python app.py [--config PATH]
 """
@@ -11,11 +12,16 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from logging_setup import configure_logging
-from settings import ConfigError, load_settings
+from settings import ConfigError, Settings, load_settings
+from web.starting import StartingApp
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "config.yaml"
 
@@ -38,11 +44,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_process()
     configure_logging(settings.logging)
-    from wiring import build_app  # loads torch and faiss: only after configure_process()
+    failed = False
+
+    def stop_on_failure() -> None:
+        nonlocal failed
+        failed = True
+        server.should_exit = True
 
     server = uvicorn.Server(
         uvicorn.Config(
-            build_app(settings),
+            StartingApp(lambda: build(settings), stop_on_failure),
             host=settings.server.host,
             port=settings.server.port,
             log_config=None,
@@ -54,7 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     server.run()
-    return 0
+    return 1 if failed else 0
+
+
+def build(settings: Settings) -> FastAPI:
+    from wiring import build_app  # loads torch and faiss: only after configure_process()
+
+    return build_app(settings)
 
 
 if __name__ == "__main__":

@@ -141,7 +141,7 @@ def app_config(side: str, args: argparse.Namespace, workload: Workload, port: in
 def app_process(
     config: dict[str, Any], workdir: Path, admin_token: str, timeout_s: float = 600
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """`python app.py` with this config, until /healthz answers; stopped on exit."""
+    """`python app.py` with this config, until /readyz answers (the model is loaded); stopped on exit."""
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
     log_path = workdir / "app.log"
@@ -173,12 +173,12 @@ def _wait_healthy(process: subprocess.Popen[bytes], url: str, timeout_s: float, 
         if process.poll() is not None:
             raise RuntimeError(f"the app exited with {process.returncode}:\n{_tail(log_path)}")
         try:
-            if httpx.get(f"{url}/healthz", timeout=1, trust_env=False).status_code == 200:
+            if httpx.get(f"{url}/readyz", timeout=1, trust_env=False).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
-    raise TimeoutError(f"the app did not answer /healthz within {timeout_s:.0f} s:\n{_tail(log_path)}")
+    raise TimeoutError(f"the app did not answer /readyz within {timeout_s:.0f} s:\n{_tail(log_path)}")
 
 
 def _tail(path: Path, chars: int = 3000) -> str:

@@ -35,7 +35,9 @@ class AppProcess:
         self.log_path = workdir / "app.log"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout_s: float = 120.0) -> AppProcess:
+    def start(self, timeout_s: float = 120.0, *, wait_ready: bool = True) -> AppProcess:
+        """Launch; return once `/healthz` answers, and with `wait_ready` once `/readyz` does too
+        (the port answers before the model is loaded)."""
         env = {**os.environ, "NO_PROXY": "127.0.0.1,localhost", "PYTHONUNBUFFERED": "1"}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
@@ -45,18 +47,26 @@ class AppProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
             )
+        self.wait_for("/healthz", timeout_s)
+        if wait_ready:
+            self.wait_for("/readyz", timeout_s)
+        return self
+
+    def wait_for(self, path: str, timeout_s: float = 120.0) -> None:
+        """Until `path` answers 200; raises if the app exits first or the time runs out."""
+        assert self.process is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"app exited with {self.process.returncode}:\n{self.log()}")
             try:
-                if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200:
-                    return self
+                if httpx.get(f"{self.base_url}{path}", timeout=1).status_code == 200:
+                    return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.05)
         self.stop()
-        raise TimeoutError(f"app did not answer /healthz within {timeout_s} s:\n{self.log()}")
+        raise TimeoutError(f"app did not answer {path} within {timeout_s} s:\n{self.log()}")
 
     def stop(self, sig: int = signal.SIGINT, timeout_s: float = 30.0) -> tuple[int, float]:
         """Send `sig`; returns the exit code and the seconds it took to exit."""

@@ -48,6 +48,39 @@ def test_app_serves_health_and_stops_cleanly(tmp_path: Path, sig: int) -> None:
     assert (tmp_path / "bot.db").exists()
 
 
+def test_the_port_answers_while_the_model_loads(tmp_path: Path) -> None:
+    # Building the app imports torch and transformers and loads the model (seconds); the port
+    # answers within a second, so /healthz is seen long before the app is ready.
+    app = AppProcess(tmp_path, free_port()).start(wait_ready=False)
+    try:
+        starting = httpx.get(f"{app.base_url}/readyz")
+        asked_early = httpx.post(f"{app.base_url}/v1/chat/completions", json={})
+        app.wait_for("/readyz")
+        ready = httpx.get(f"{app.base_url}/readyz")
+    finally:
+        code, _ = app.stop()
+    assert starting.status_code == 503 and starting.json()["status"] == "starting"
+    assert starting.headers["retry-after"] == "5"
+    assert asked_early.status_code == 503 and "loading" in asked_early.json()["detail"]
+    assert ready.status_code == 200
+    assert code == 0, app.log()
+
+
+def test_a_stop_while_the_model_loads_is_prompt_and_clean(tmp_path: Path) -> None:
+    app = AppProcess(tmp_path, free_port()).start(wait_ready=False)
+    code, seconds = app.stop()
+    assert code == 0, app.log()
+    assert seconds < 5
+    assert "stopping before start-up finished" in app.log()
+
+
+def test_a_model_that_cannot_load_stops_the_app_with_an_error(tmp_path: Path) -> None:
+    app = AppProcess(tmp_path, free_port(), {"engine": {"model": str(tmp_path / "no-such-model")}})
+    with pytest.raises(RuntimeError, match="app exited with 1"):
+        app.start()
+    assert "start-up failed" in app.log() and "no-such-model" in app.log()
+
+
 def test_restart_keeps_rows(tmp_path: Path) -> None:
     port = free_port()
     app = AppProcess(tmp_path, port).start()

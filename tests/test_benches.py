@@ -7,7 +7,7 @@ import subprocess
 import sys
 from typing import Any
 
-from tests.support import ROOT
+from tests.support import ROOT, SHARED_DATA_DIR
 
 
 def run_bench(script: str, *args: str, timeout: float = 600) -> dict[str, Any]:
@@ -22,3 +22,8 @@ def test_history_bench() -> None:
     figures = run_bench("history_bench.py", "--turns", "5", "--repeat", "5")
     assert figures["speedup_vs_naive"] > 1
     assert figures["prompt_tokens"] > 0
+
+
+def test_startup_bench() -> None:
+    figures = run_bench("startup_bench.py", "--runs", "1", "--data-dir", str(SHARED_DATA_DIR))
+    assert 0 < figures["healthz_s"] < figures["readyz_s"]

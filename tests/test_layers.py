@@ -20,7 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "bot": {"chat", "settings", "storage"},
     "web": {"cache", "chat", "engine", "settings"},
     "logging_setup": {"cache", "settings"},
-    "app": {"logging_setup", "settings", "wiring"},
+    "app": {"logging_setup", "settings", "web", "wiring"},
 }
 PARTS = set(ALLOWED) | {"wiring"}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,8 @@ class Figures:
     semantic_hit_pct: float | None = None
     served_without_model_pct: float | None = None
     prompt_reused_pct: float | None = None
+    # Where a tail comes from: each kind of traffic in the workload on its own.
+    ttft_ms_p95_by_kind: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, run: Run) -> Figures:
@@ -79,6 +81,10 @@ class Figures:
             usage_prompt_tokens=sum(s.prompt_tokens for s in run.samples),
             usage_cached_tokens=sum(s.cached_tokens for s in run.samples),
             peak_rss_mb=run.peak_rss_mb,
+            ttft_ms_p95_by_kind={
+                kind: round(_percentile(np.array([s.ttft_s for s in run.samples if s.kind == kind]) * 1000, 95), 1)
+                for kind in sorted({s.kind for s in run.samples})
+            },
             **(_server_side(run.counters) if run.counters else {}),
         )
 
@@ -165,16 +171,23 @@ def _ratio(before: float | None, after: float | None) -> float | None:
 
 
 def table(figures: dict[str, Figures]) -> str:
-    """One column per side; with two sides, the ratio and the change of the second to the first."""
+    """One column per side; with two sides, the ratio and the change of the second to the first.
+    After the TTFT rows, the TTFT p95 of each kind of traffic."""
     compare = len(figures) == 2
     lines = [["", *figures, *(["ratio", "change"] if compare else [])]]
-    for title, name in ROWS:
-        values = [getattr(f, name) for f in figures.values()]
+
+    def add(title: str, values: list[Any], with_ratio: bool) -> None:
         cells = [_cell(value) for value in values]
         if compare:
-            ratio = _ratio(*values) if name in RATIO_FIELDS else None
+            ratio = _ratio(*values) if with_ratio else None
             cells += [_cell(ratio, "{:.2f}x"), _cell(None if ratio is None else 100 * (ratio - 1), "{:+.1f}%")]
         lines.append([title, *cells])
+
+    for title, name in ROWS:
+        add(title, [getattr(f, name) for f in figures.values()], name in RATIO_FIELDS)
+        if name == "ttft_ms_mean":
+            for kind in next(iter(figures.values())).ttft_ms_p95_by_kind:
+                add(f"  TTFT p95, {kind} (ms)", [f.ttft_ms_p95_by_kind.get(kind) for f in figures.values()], True)
     return _align(lines)
 
 

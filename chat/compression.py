@@ -184,7 +184,7 @@ def plan_compression(
 ) -> CompressionPlan:
     """Choose what stays. `pending_tokens`: the new user message plus the generation prompt;
     `current_turn`: the session-wide index of the turn being asked (records carry theirs)."""
-    records = history.records
+    records = tuple(history.records)  # the history as it is now: a turn may append while this runs
     span_cost = settings.summary_max_tokens + SUMMARY_OVERHEAD_TOKENS
     # Protect the last turns; if even they do not fit beside one summary, protect fewer.
     for keep_last_turns in range(settings.keep_last_turns, -1, -1):

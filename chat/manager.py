@@ -74,6 +74,7 @@ class ChatManager:
         self._transcripts = TranscriptIndex()
         self._counter = TurnCounter()
         self._background: set[asyncio.Task[None]] = set()
+        self._compressing_ahead: set[int] = set()  # ids of the sessions with a plan running
         # Called with every finished turn, whoever asked (Feishu, the API, the chat page).
         self.turn_observers: list[TurnObserver] = []
 
@@ -120,7 +121,7 @@ class ChatManager:
     async def _run(self, turn: Turn, request: _Request) -> TurnResult:
         started = time.perf_counter()
         async with self.sessions.locked(request.conversation, request.seed) as session:
-            digest = bytes.fromhex(session.history.context_digest())
+            num_tokens, digest = session.history.num_tokens, bytes.fromhex(session.history.context_digest())
             scope = scope_key(self.model_name, session.system_prompt, digest)
             reply, level, compression = await self._answer(turn, request, session, scope)
             turn.reply_complete()
@@ -132,8 +133,7 @@ class ChatManager:
             if level is CacheLevel.MISS and reply.finish_reason in ("stop", "length"):
                 await self.cache.store(scope, request.text, reply.text)
             if compression is not None:
-                self._counter.count_compression()
-                self._summarize_later(session, compression)
+                self._compressed(session, num_tokens, compression)
             self._compress_ahead(session)
         ttft_s = (reply.first_text_at or time.perf_counter()) - started
         self._counter.count_turn(level, ttft_s)
@@ -197,48 +197,57 @@ class ChatManager:
 
     async def _compress(self, session: SessionState, question: str, pending_tokens: int) -> Compression | None:
         """A compressed copy of the session's history; the session keeps its own until it stores it."""
-        history = session.history
-        compression = await self.compressor.compress(
-            history, question, pending_tokens, session.next_turn, session.next_seq
+        return await self.compressor.compress(
+            session.history, question, pending_tokens, session.next_turn, session.next_seq
         )
-        if compression is None:
-            return None
+
+    def _compressed(self, session: SessionState, num_tokens: int, compression: Compression) -> None:
+        """A compression is stored: counted, logged, its stand-ins summarized in the background."""
+        self._counter.count_compression()
         log.info(
             "session %d compressed: %d -> %d tokens, %d spans summarized (%d by stand-ins for now)",
             session.id,
-            history.num_tokens,
+            num_tokens,
             compression.history.num_tokens,
             len(compression.summaries),
             len(compression.pending),
         )
-        return compression
+        if compression.pending:
+            self._in_background(self._summarize(session, compression), f"summarize-session-{session.id}")
 
     def _compress_ahead(self, session: SessionState) -> None:
         """Past the high-water mark, compress now, in the background, so that the next turn finds
         the prompt within budget; relevance is then judged against the latest question."""
-        if self.compressor.worth_doing_ahead(session.history):
-            self._in_background(self._compress_in_background(session), f"compress-session-{session.id}")
+        if self.compressor.worth_doing_ahead(session.history) and session.id not in self._compressing_ahead:
+            self._compressing_ahead.add(session.id)
+            task = self._in_background(self._compress_in_background(session), f"compress-session-{session.id}")
+            task.add_done_callback(lambda _: self._compressing_ahead.discard(session.id))
 
     async def _compress_in_background(self, session: SessionState) -> None:
-        async with session.lock:
-            if session.closed or not self.compressor.worth_doing_ahead(session.history):
+        """Plans without the session's lock (scoring embeds every message: ~1.8 s for 30 on 2
+        cores), so a turn that comes meanwhile never waits for it. Such a turn makes the plan
+        stale: it is made again on the history the turn left, quickly, as the embeddings are cached."""
+        while True:
+            history = session.history
+            if session.closed or not self.compressor.worth_doing_ahead(history):
                 return  # a turn compressed it first, or the session closed
-            question = next(record.text for record in reversed(session.history.records) if record.role == "user")
+            num_tokens = history.num_tokens
+            question = next(record.text for record in reversed(history.records) if record.role == "user")
             try:
                 compression = await self._compress(session, question, len(self.chat_format.generation_prompt))
-                if compression is not None:
-                    await self.sessions.save_compression(session, compression)
+                if compression is None:
+                    return
+                async with session.lock:
+                    if session.closed:
+                        return
+                    if session.history is history and history.num_tokens == num_tokens:
+                        await self.sessions.save_compression(session, compression)
+                        break
             except Exception:
                 # The session keeps its uncompressed history; the next turn compresses if it must.
                 log.exception("session %d: compression ahead of the next turn failed", session.id)
                 return
-            if compression is not None:
-                self._counter.count_compression()
-                self._summarize_later(session, compression)
-
-    def _summarize_later(self, session: SessionState, compression: Compression) -> None:
-        if compression.pending:
-            self._in_background(self._summarize(session, compression), f"summarize-session-{session.id}")
+        self._compressed(session, num_tokens, compression)
 
     async def _summarize(self, session: SessionState, compression: Compression) -> None:
         """The model's summaries of a compression's spans, written without holding the session,
@@ -257,10 +266,11 @@ class ChatManager:
             # The stand-ins stay: they are what the messages said, only longer-winded.
             log.exception("session %d: writing the summaries of a compression failed", session.id)
 
-    def _in_background(self, work: Coroutine[None, None, None], name: str) -> None:
+    def _in_background(self, work: Coroutine[None, None, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(work, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     async def settle(self) -> None:
         """Wait for the work running in the background, and the work it starts (what a user's

@@ -376,6 +376,27 @@ async def test_compression_runs_ahead_of_the_next_turn(managers: ManagerFactory)
     assert restored.history.token_ids == state.history.token_ids
 
 
+async def test_a_turn_never_waits_for_a_compression_planned_ahead(managers: ManagerFactory) -> None:
+    context = small_context(max_prompt_tokens=512, compress_ahead_ratio=0.6)
+    manager = await managers(context=context)
+    # Every plan embeds its messages through this embedder: holding it holds every plan back.
+    with manager.compressor.embedder._lock:  # type: ignore[attr-defined]
+        await ask(manager, BOB, "Note 0: " + "the quick brown fox jumps " * 3)
+        index = 1
+        while not manager.compressor.worth_doing_ahead(session_of(manager, BOB).history):
+            await ask(manager, BOB, f"Note {index}: " + "the quick brown fox jumps " * 3)
+            index += 1
+        late = await asyncio.wait_for(ask(manager, BOB, "And one more note while it plans."), timeout=60)
+    await manager.settle()
+    state = session_of(manager, BOB)
+
+    assert not late.compressed and state.compressions == 1
+    # the plan made before the late turn was stale; the one stored kept the late turn
+    assert state.history.records[-2].text == "And one more note while it plans."
+    restored = await (await managers(context=context)).sessions.open(BOB)
+    assert restored.history.token_ids == state.history.token_ids
+
+
 async def test_every_finished_turn_reaches_the_observers(managers: ManagerFactory) -> None:
     manager = await managers(cache=True)
     seen: list[tuple[str, CacheLevel]] = []

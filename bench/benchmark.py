@@ -3,6 +3,7 @@
     python bench/benchmark.py --concurrency 8 --requests 200 --compare --plot bench.png
     python bench/benchmark.py --optimized          # one side (without a flag: the baseline)
     python bench/benchmark.py --url http://127.0.0.1:8000 --admin-token TOKEN   # an app already running
+    python bench/benchmark.py --peer transformers-serve   # our app against `transformers serve`
 
 The workload (bench/workload.yaml, or --workload FILE) is sent by `--concurrency` clients at
 once, streaming: FAQ questions, paraphrases, bursts of one question asked at the same moment,
@@ -10,7 +11,10 @@ multi-turn conversations and long ones that outgrow the prompt budget. `--compar
 app twice with the same model, workload and max_tokens: the baseline without response cache,
 merging, prefix cache and compression, with static sampling; then the optimized side with all
 of them. It prints the figures side by side with their ratios, then the seed articles' claims
-beside ours; the last line is JSON with every figure.
+beside ours; the last line is JSON with every figure. `--peer transformers-serve` runs
+`transformers serve --continuous-batching`, then the optimized app, on the same checkpoint, with the
+same KV blocks and token budget, on bench/peer_workload.yaml (conversations no cache can help)
+unless --workload names another.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from workload import Script, Workload, build_scripts, load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_WORKLOAD = Path(__file__).with_name("workload.yaml")
+PEER_WORKLOAD = Path(__file__).with_name("peer_workload.yaml")
+PEER = "transformers serve"
 DEFAULT_DATA_DIR = Path(tempfile.gettempdir()) / "clawdbot-bench-data"
 DEMO_MODEL = "builtin:tiny-qwen3"
 # A prompt budget no conversation reaches: the app has no switch for compression itself.
@@ -70,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.url:
         target = Target(args.url.rstrip("/"), args.api_key, args.admin_token)
         runs = [asyncio.run(measure("target", target, scripts, workload.max_tokens, args.concurrency))]
+    elif args.peer:
+        # The peer first: the ratio column is then ours to the peer's.
+        runs = [run_peer(args, workload, scripts), run_side("optimized", args, workload, scripts)]
     else:
         sides = ["baseline", "optimized"] if args.compare else ["optimized" if args.optimized else "baseline"]
         runs = [run_side(side, args, workload, scripts) for side in sides]
@@ -92,7 +101,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     side = parser.add_mutually_exclusive_group()
     side.add_argument("--optimized", action="store_true", help="run the optimized side only")
     side.add_argument("--compare", action="store_true", help="run the baseline, then the optimized side")
-    parser.add_argument("--workload", type=Path, default=DEFAULT_WORKLOAD, help="traffic description (YAML)")
+    side.add_argument(
+        "--peer", choices=["transformers-serve"], help="run this server, then the optimized side, on the same model"
+    )
+    parser.add_argument(
+        "--workload",
+        type=Path,
+        help=f"traffic description (YAML; default {DEFAULT_WORKLOAD.name}, with --peer {PEER_WORKLOAD.name})",
+    )
     parser.add_argument("--plot", type=Path, help="write latency distributions and hit rates to this PNG")
     parser.add_argument(
         "--model", default=DEMO_MODEL, help=f"engine.model for the app it starts (default {DEMO_MODEL})"
@@ -110,8 +126,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="with --url: the admin token, to read the app's counters (engine requests, cache hits, tokens)",
     )
     args = parser.parse_args(argv)
-    if args.url and (args.optimized or args.compare):
-        parser.error("--url measures the app as it is configured; --optimized and --compare start it themselves")
+    if args.url and (args.optimized or args.compare or args.peer):
+        parser.error(
+            "--url measures the app as it is configured; --optimized, --compare and --peer start it themselves"
+        )
+    args.workload = args.workload or (PEER_WORKLOAD if args.peer else DEFAULT_WORKLOAD)
     if args.concurrency < 1 or args.requests < 1:
         parser.error("--concurrency and --requests must be at least 1")
     return args
@@ -144,19 +163,26 @@ def app_process(
     """`python app.py` with this config, until /readyz answers (the model is loaded); stopped on exit."""
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
-    log_path = workdir / "app.log"
     # Secrets from the caller's environment would override the file: no Feishu, an open API.
-    env = {**os.environ, "CLAWDBOT_ADMIN_TOKEN": admin_token, "CLAWDBOT_API_KEY": "", "FEISHU_APP_ID": ""}
+    env = {"CLAWDBOT_ADMIN_TOKEN": admin_token, "CLAWDBOT_API_KEY": "", "FEISHU_APP_ID": ""}
+    command = [sys.executable, str(ROOT / "app.py"), "--config", str(config_path)]
+    url = f"http://127.0.0.1:{config['server']['port']}/readyz"
+    with server_process(command, env, workdir, url, timeout_s) as process:
+        yield process
+
+
+@contextmanager
+def server_process(
+    command: list[str], env: dict[str, str], workdir: Path, ready_url: str, timeout_s: float
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A server started with `command`, once `ready_url` answers 200; stopped with SIGINT on exit."""
+    log_path = workdir / "server.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, str(ROOT / "app.py"), "--config", str(config_path)],
-            cwd=workdir,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
+            command, cwd=workdir, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env}
         )
     try:
-        _wait_healthy(process, f"http://127.0.0.1:{config['server']['port']}", timeout_s, log_path)
+        _wait_ready(process, ready_url, timeout_s, log_path)
         yield process
     finally:
         process.send_signal(signal.SIGINT)
@@ -167,18 +193,18 @@ def app_process(
             process.wait()
 
 
-def _wait_healthy(process: subprocess.Popen[bytes], url: str, timeout_s: float, log_path: Path) -> None:
+def _wait_ready(process: subprocess.Popen[bytes], url: str, timeout_s: float, log_path: Path) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"the app exited with {process.returncode}:\n{_tail(log_path)}")
+            raise RuntimeError(f"{process.args!r} exited with {process.returncode}:\n{_tail(log_path)}")
         try:
-            if httpx.get(f"{url}/readyz", timeout=1, trust_env=False).status_code == 200:
+            if httpx.get(url, timeout=1, trust_env=False).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
-    raise TimeoutError(f"the app did not answer /readyz within {timeout_s:.0f} s:\n{_tail(log_path)}")
+    raise TimeoutError(f"{url} did not answer within {timeout_s:.0f} s:\n{_tail(log_path)}")
 
 
 def _tail(path: Path, chars: int = 3000) -> str:
@@ -206,6 +232,33 @@ def run_side(side: str, args: argparse.Namespace, workload: Workload, scripts: l
         with app_process(app_config(side, args, workload, port, workdir), workdir, admin_token) as process:
             target = Target(f"http://127.0.0.1:{port}", admin_token=admin_token)
             run = asyncio.run(measure(side, target, scripts, workload.max_tokens, args.concurrency))
+            return dataclasses.replace(run, peak_rss_mb=peak_rss_mb(process.pid))
+
+
+def run_peer(args: argparse.Namespace, workload: Workload, scripts: list[Script]) -> Run:
+    """`transformers serve --continuous-batching` on the checkpoint the app ran, with the app's
+    engine defaults: 16-token KV blocks, 16,384 KV tokens, 2,048 tokens a step, fp32 on CPU."""
+    from engine import EngineConfig
+    from engine.checkpoints import resolve_checkpoint  # torch: only when a peer is run
+
+    checkpoint = resolve_checkpoint(args.model, args.data_dir)
+    engine = EngineConfig()
+    port = free_port()
+    command = [
+        *("transformers", "serve", str(checkpoint.path), "--continuous-batching"),
+        *("--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--reasoning", "off"),
+        *(
+            "--cb-block-size",
+            str(engine.block_size),
+            "--cb-num-blocks",
+            str(engine.kv_cache_tokens // engine.block_size),
+        ),
+        *("--cb-max-batch-tokens", str(engine.max_num_batched_tokens)),
+    ]
+    with tempfile.TemporaryDirectory(prefix="clawdbot-bench-peer-") as scratch:
+        url = f"http://127.0.0.1:{port}"
+        with server_process(command, {}, Path(scratch), f"{url}/health", timeout_s=600) as process:
+            run = asyncio.run(measure(PEER, Target(url), scripts, workload.max_tokens, args.concurrency))
             return dataclasses.replace(run, peak_rss_mb=peak_rss_mb(process.pid))
 
 
@@ -307,14 +360,13 @@ def report(args: argparse.Namespace, workload: Workload, figures: dict[str, Figu
         "app": app,
         **{label: as_json(f) for label, f in figures.items()},
     }
+    if len(figures) == 2:
+        before, after = figures.values()
+        summary["ratios"] = {name: round(r, 3) if r is not None else None for name, r in ratios(before, after).items()}
     if "baseline" in figures and "optimized" in figures:
-        baseline, optimized = figures["baseline"], figures["optimized"]
         print()
-        print(claims_table(baseline, optimized))
-        summary["ratios"] = {
-            name: round(r, 3) if r is not None else None for name, r in ratios(baseline, optimized).items()
-        }
-        summary["claims"] = claims(baseline, optimized)
+        print(claims_table(figures["baseline"], figures["optimized"]))
+        summary["claims"] = claims(figures["baseline"], figures["optimized"])
     print(json.dumps(summary, ensure_ascii=False))
 
 

@@ -126,7 +126,8 @@ class ApiClient:
             ttft_s=(first_text_at or finished) - started,
             latency_s=finished - started,
             prompt_tokens=usage["prompt_tokens"],
-            cached_tokens=usage["prompt_tokens_details"]["cached_tokens"],
+            # Servers that do not report prefix reuse leave the details out.
+            cached_tokens=(usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
             completion_tokens=usage["completion_tokens"],
         )
 

@@ -11,7 +11,8 @@ Throughput: 16 concurrent greedy requests (prompts 256-1024 tokens, 64 new token
 (a) transformers generate() one at a time, (b) transformers generate_batch() continuous batching
 with our block size, block count and token budget, (c) our engine. Multi-turn: 8 sessions x 6
 turns, each turn = previous prompt + reply + a new 64-token user message; time to first token of
-the last turn with our prefix cache on and off. The last line is JSON.
+the last turn with our prefix cache on and off. Decode scaling: the time of a decode step for 1,
+4, 16 and 64 sequences. The last line is JSON.
 """
 
 import argparse
@@ -232,6 +233,25 @@ def multiturn(path: Path, work: Workload) -> dict:
     return result
 
 
+def decode_scaling(path: Path, quick: bool) -> dict[str, float]:
+    """Decode steps alone, for batches of 1 to 64 sequences of 128-token prompts."""
+    batches = (1, 4) if quick else (1, 4, 16, 64)
+    engine = build_engine(path)
+    generator = torch.Generator().manual_seed(5)
+    print("\ndecode scaling: 128-token prompts, 32 new tokens each")
+    print(f"{'sequences':>10} {'ms a step':>10} {'tokens/s':>10}")
+    tokens_per_s = {}
+    for batch in batches:
+        num_steps = len(engine.core.metrics.steps)
+        ours(engine, [random_tokens(generator, 128) for _ in range(batch)], 32)
+        steps = list(engine.core.metrics.steps)[num_steps:]
+        step_s = statistics.median(s.duration_s for s in steps if s.num_batched_tokens == s.num_seqs == batch)
+        tokens_per_s[str(batch)] = round(batch / step_s, 1)
+        print(f"{batch:>10} {step_s * 1e3:>10.1f} {batch / step_s:>10.1f}")
+    engine.shutdown()
+    return tokens_per_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small workload, for a smoke test")
@@ -249,11 +269,13 @@ def main() -> None:
         )
         speed = throughput(path, hf_model, work, args.profile)
         turns = multiturn(path, work)
+        decode = decode_scaling(path, args.quick)
     summary = {
         "throughput_vs_hf_sequential": round(speed["vs_sequential"], 2),
         "throughput_vs_hf_generate_batch": round(speed["vs_batch"], 2),
         "multiturn_ttft_speedup": round(turns["speedup"], 2),
         "parity": speed["parity"] and turns["parity"],
+        "decode_tokens_per_s_by_batch": decode,
     }
     print(json.dumps(summary))
 

@@ -7,14 +7,16 @@ baseline and the optimized side answer exactly the same questions in the same or
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Kind = Literal["faq", "paraphrase", "burst", "multi_turn", "long"]
+T = TypeVar("T")
+Kind = Literal["faq", "paraphrase", "burst", "multi_turn", "long", "unique"]
 
 
 class Section(BaseModel):
@@ -56,20 +58,34 @@ class LongTraffic(Section):
     services: list[str] = Field(min_length=1)
 
 
+class UniqueTraffic(Section):
+    """Conversations in which every message is new: no cache, merge or shared prefix can help."""
+
+    turns: tuple[int, int] = (3, 6)
+    questions: list[str] = Field(min_length=1)  # templates; {n} becomes a number never drawn before
+
+
 class Workload(Section):
     seed: int = 0
     max_tokens: int = Field(32, ge=1)
     server: dict[str, dict[str, Any]] = Field(default_factory=dict)
     mix: dict[Kind, float]
-    faq: FaqTraffic
-    burst: BurstTraffic
-    multi_turn: MultiTurnTraffic
-    long: LongTraffic
+    faq: FaqTraffic | None = None
+    burst: BurstTraffic | None = None
+    multi_turn: MultiTurnTraffic | None = None
+    long: LongTraffic | None = None
+    unique: UniqueTraffic | None = None
 
     @model_validator(mode="after")
     def _positive_mix(self) -> Workload:
         if any(share < 0 for share in self.mix.values()) or sum(self.mix.values()) <= 0:
             raise ValueError("mix: shares must be >= 0 and not all 0")
+        for kind, share in self.mix.items():
+            # paraphrases and multi-turn conversations start from the FAQ's questions
+            needs = {"paraphrase": ("faq",), "multi_turn": ("multi_turn", "faq")}.get(kind, (kind,))
+            for section in needs:
+                if share > 0 and getattr(self, section) is None:
+                    raise ValueError(f"mix: {kind} needs a {section} section")
         return self
 
 
@@ -94,18 +110,24 @@ class Script:
 def build_scripts(workload: Workload, requests: int, max_copies: int) -> list[Script]:
     """Exactly `requests` requests, split by the mix, shuffled; bursts at most `max_copies` wide."""
     rng = random.Random(workload.seed)
-    builders = {
-        "faq": lambda n: [Script("faq", (_popular(workload.faq, rng).question,)) for _ in range(n)],
+    builders: dict[Kind, Callable[[int], list[Script]]] = {
+        "faq": lambda n: [Script("faq", (_popular(_given(workload.faq), rng).question,)) for _ in range(n)],
         "paraphrase": lambda n: [
-            Script("paraphrase", (rng.choice(_popular(workload.faq, rng).paraphrases),)) for _ in range(n)
+            Script("paraphrase", (rng.choice(_popular(_given(workload.faq), rng).paraphrases),)) for _ in range(n)
         ],
-        "burst": lambda n: _bursts(workload.burst, n, min(workload.burst.size, max_copies), rng),
+        "burst": lambda n: _bursts(_given(workload.burst), n, min(_given(workload.burst).size, max_copies), rng),
         "multi_turn": lambda n: _multi_turn(workload, n, rng),
-        "long": lambda n: _long(workload.long, n, rng),
+        "long": lambda n: _long(_given(workload.long), n, rng),
+        "unique": lambda n: _unique(_given(workload.unique), n, rng),
     }
     scripts = [script for kind, n in _split(workload.mix, requests).items() for script in builders[kind](n)]
     rng.shuffle(scripts)
     return scripts
+
+
+def _given(section: T | None) -> T:
+    assert section is not None, "the workload's validation checks that each kind in the mix has its section"
+    return section
 
 
 def _split(mix: dict[Kind, float], requests: int) -> dict[Kind, int]:
@@ -134,11 +156,23 @@ def _bursts(burst: BurstTraffic, requests: int, width: int, rng: random.Random) 
 
 
 def _multi_turn(workload: Workload, requests: int, rng: random.Random) -> list[Script]:
+    multi_turn, faq = _given(workload.multi_turn), _given(workload.faq)
     scripts = []
     while requests > 0:
-        turns = min(rng.randint(*workload.multi_turn.turns), requests)
-        follow_ups = rng.sample(workload.multi_turn.follow_ups, turns - 1)
-        scripts.append(Script("multi_turn", (_popular(workload.faq, rng).question, *follow_ups)))
+        turns = min(rng.randint(*multi_turn.turns), requests)
+        follow_ups = rng.sample(multi_turn.follow_ups, turns - 1)
+        scripts.append(Script("multi_turn", (_popular(faq, rng).question, *follow_ups)))
+        requests -= turns
+    return scripts
+
+
+def _unique(unique: UniqueTraffic, requests: int, rng: random.Random) -> list[Script]:
+    numbers = rng.sample(range(10_000, 100_000), requests)  # distinct, so every message is new
+    scripts = []
+    while requests > 0:
+        turns = min(rng.randint(*unique.turns), requests)
+        messages = tuple(rng.choice(unique.questions).format(n=numbers.pop()) for _ in range(turns))
+        scripts.append(Script("unique", messages))
         requests -= turns
     return scripts
 

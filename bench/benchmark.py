@@ -44,6 +44,7 @@ from tqdm import tqdm
 from workload import Script, Workload, build_scripts, load_workload
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the app's engine, for --peer
 DEFAULT_WORKLOAD = Path(__file__).with_name("workload.yaml")
 PEER_WORKLOAD = Path(__file__).with_name("peer_workload.yaml")
 PEER = "transformers serve"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from cache.embeddings import Embedder
-from cache.keys import normalize
+from cache.keys import embedded_text
 from cache.verify import verify
 
 
@@ -47,7 +47,7 @@ def load_pairs(path: str | Path) -> list[LabelledPair]:
 
 
 def score(pairs: list[LabelledPair], embedder: Embedder, min_overlap: float) -> Scores:
-    vectors = embedder.encode([normalize(q) for p in pairs for q in (p.question_a, p.question_b)])
+    vectors = embedder.encode([embedded_text(q) for p in pairs for q in (p.question_a, p.question_b)])
     similarity = np.einsum("ij,ij->i", vectors[0::2], vectors[1::2])
     verified = np.array([verify(p.question_a, p.question_b, min_overlap).same for p in pairs])
     return Scores(similarity=similarity, verified=verified)

@@ -18,7 +18,7 @@ from cache.embeddings import Embedder
 from cache.entries import Entry, EntryTable
 from cache.eviction import Usage, build_policy, victims
 from cache.judge import Judge
-from cache.keys import Scope, l1_key, normalize
+from cache.keys import Scope, embedded_text, l1_key, normalize
 from cache.levels import CacheLevel
 from cache.pii import contains_pii, scrub
 from cache.store import CacheStore
@@ -203,7 +203,7 @@ class ResponseCache:
             return _Search(exact=hit)
         if empty_scope:
             return _Search()
-        vector = self.embedder.encode([normalize(question)])[0]
+        vector = self.embedder.encode([embedded_text(question)])[0]
         floor = self.threshold - self.settings.related_band
         with self._lock:
             neighbours = self._table.nearest(scope, vector, self.settings.candidates)
@@ -228,7 +228,7 @@ class ResponseCache:
         self, scope: str, key: str, question: str, answer: str, vector: np.ndarray | None, now: float
     ) -> _Written:
         if vector is None:
-            vector = self.embedder.encode([normalize(question)])[0]
+            vector = self.embedder.encode([embedded_text(question)])[0]
         entry_id = self._store.insert(scope, key, question, answer, vector, now)
         with self._lock:
             replaced = self._table.by_key(key)

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from cache.embeddings import CachedEmbedder, Embedder
-from cache.keys import scope_key
+from cache.keys import EMBEDDED_CHARS, scope_key
 from cache.levels import CacheLevel
 from cache.response_cache import ResponseCache
 from settings import CacheSettings
@@ -202,3 +202,15 @@ async def test_disabled_cache_does_nothing(embedder: Embedder, clock: Clock) -> 
 def test_unknown_embedder_needs_a_calibrated_threshold(embedder: Embedder) -> None:
     with pytest.raises(ValueError, match="calibrate"):
         ResponseCache(CacheSettings(thresholds={}), embedder)
+
+
+async def test_a_long_question_is_compared_by_its_opening_and_verified_whole(embedder: Embedder, clock: Clock) -> None:
+    cache = make_cache(embedder, clock)
+    log = "\n".join(f"09:00:{second:02d} ERROR [pay-gateway] upstream timeout after 3000 ms" for second in range(20))
+    await cache.store(SHARED, f"What went wrong here?\n{log}", "The gateway times out.")
+    assert len(f"What went wrong here?\n{log}") > 2 * EMBEDDED_CHARS
+    hit = await cache.lookup(SHARED, f"WHAT went wrong here?\n{log}  ")
+    assert hit is not None and hit.level is CacheLevel.EXACT
+    # same opening, another tail: the embeddings are equal, verification reads the whole text
+    other = log.replace("pay-gateway", "order-svc").replace("3000", "9000")
+    assert await cache.lookup(SHARED, f"What went wrong here?\n{other}") is None

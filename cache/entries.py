@@ -45,13 +45,16 @@ class EntryTable:
         entry_id = self._by_key.get(key)
         return None if entry_id is None else self._entries[entry_id]
 
-    def add(self, entries: list[Entry], vectors: np.ndarray) -> None:
-        """`entries` of one scope, with their questions' vectors."""
+    def add(self, entries: list[Entry], vectors: np.ndarray | None) -> None:
+        """`entries` of one scope, with their questions' vectors; None for entries found by their
+        L1 key only."""
         [scope] = {entry.scope for entry in entries}
         for entry in entries:
             assert entry.key not in self._by_key, "replace an entry by removing the old one first"
             self._entries[entry.id] = entry
             self._by_key[entry.key] = entry.id
+        if vectors is None:
+            return
         index = self._indexes.get(scope)
         if index is None:
             index = self._indexes[scope] = VectorIndex(self.dim, self.approx_index_min_entries, self.ivf_nprobe)
@@ -64,8 +67,12 @@ class EntryTable:
             del self._by_key[entry.key]
             by_scope.setdefault(entry.scope, []).append(entry_id)
         for scope, ids in by_scope.items():
-            index = self._indexes[scope]
-            index.remove(ids)
+            index = self._indexes.get(scope)
+            indexed = [entry_id for entry_id in ids if index is not None and entry_id in index]
+            if not indexed:
+                continue
+            assert index is not None
+            index.remove(indexed)
             if not len(index):
                 del self._indexes[scope]
 
@@ -75,7 +82,8 @@ class EntryTable:
         self._indexes.clear()
 
     def holds(self, scope: str) -> bool:
-        return scope in self._indexes  # a scope's index goes when its last entry does
+        """Whether `scope` has an entry L2 can find: a scope's index goes when its last vector does."""
+        return scope in self._indexes
 
     def nearest(self, scope: str, vector: np.ndarray, k: int) -> list[tuple[Entry, float]]:
         """Up to `k` entries of `scope` with their similarity to `vector`, most similar first."""

@@ -22,6 +22,9 @@ class VectorIndex:
     def __len__(self) -> int:
         return len(self._vectors)
 
+    def __contains__(self, entry_id: int) -> bool:
+        return entry_id in self._vectors
+
     @property
     def approximate(self) -> bool:
         return self._trained_on > 0

@@ -163,7 +163,7 @@ class ResponseCache:
             return False
         key = l1_key(scope, question)
         vector = self._pending.pop(key, None)
-        await self._write(self._insert, scope.key, key, question, scrub(answer), vector, self._clock())
+        await self._write(self._insert, scope, key, question, scrub(answer), vector, self._clock())
         return True
 
     async def _same_question(self, question: str, candidates: list[tuple[CacheHit, str]]) -> CacheHit | None:
@@ -195,8 +195,8 @@ class ResponseCache:
                 hit = CacheHit(exact.answer, CacheLevel.EXACT, 1.0, exact.id)
             else:
                 hit = None
-            # Most follow-up turns ask in a scope nothing was stored in (its history is theirs
-            # alone): nothing to compare with, so no embedding (a pasted log's: ~200 ms on 2 cores).
+            # A follow-up turn's scope (its history) has no vectors (see _insert), and a new
+            # deployment's shared scope none yet: nothing to compare with, so no embedding.
             empty_scope = not self._table.holds(scope)
         if hit is not None:
             self._store.record_hit(hit.entry_id, now)
@@ -225,18 +225,21 @@ class ResponseCache:
         self._store.record_hit(entry_id, now)
 
     def _insert(
-        self, scope: str, key: str, question: str, answer: str, vector: np.ndarray | None, now: float
+        self, scope: Scope, key: str, question: str, answer: str, vector: np.ndarray | None, now: float
     ) -> _Written:
-        if vector is None:
+        # A follow-up's answer is found by its L1 key only: an L2 hit would need another
+        # conversation with the very same history and a reworded question, and embedding every
+        # follow-up for it cost each turn 30-200 ms of the embedder that lookups wait for.
+        if vector is None and scope.shared:
             vector = self.embedder.encode([embedded_text(question)])[0]
-        entry_id = self._store.insert(scope, key, question, answer, vector, now)
+        entry_id = self._store.insert(scope.key, key, question, answer, vector, now)
         with self._lock:
             replaced = self._table.by_key(key)
             if replaced is not None:
                 self._table.remove([replaced.id])
             evicted, expired = self._make_room(now) if len(self._table) >= self.settings.capacity else ([], [])
-            entry = Entry(entry_id, scope, key, question, answer, Usage(now, now))
-            self._table.add([entry], vector.reshape(1, -1))
+            entry = Entry(entry_id, scope.key, key, question, answer, Usage(now, now))
+            self._table.add([entry], None if vector is None else vector.reshape(1, -1))
             size = len(self._table)
         self._store.delete(evicted + expired)
         return _Written(size, evicted=len(evicted), expired=len(expired))
@@ -267,14 +270,20 @@ class ResponseCache:
 
     def _load(self, now: float) -> _Written:
         rows = self._store.load(now, self.settings.ttl_s)
-        by_scope: dict[str, list[tuple[Entry, np.ndarray]]] = {}
+        embedded: dict[str, list[tuple[Entry, np.ndarray]]] = {}
+        by_key_only: dict[str, list[Entry]] = {}
         for entry, vector in rows:
-            by_scope.setdefault(entry.scope, []).append((entry, vector))
+            if vector is None:
+                by_key_only.setdefault(entry.scope, []).append(entry)
+            else:
+                embedded.setdefault(entry.scope, []).append((entry, vector))
         evicted: list[int] = []
         with self._lock:
             self._table.clear()
-            for pairs in by_scope.values():
+            for pairs in embedded.values():
                 self._table.add([entry for entry, _ in pairs], np.stack([vector for _, vector in pairs]))
+            for entries in by_key_only.values():
+                self._table.add(entries, None)
             while len(self._table) > self.settings.capacity:
                 evicted += self._make_room(now)[0]
             size = len(self._table)

@@ -20,7 +20,7 @@ class CacheStore:
         self.embedder_name = embedder_name
         self._ids = itertools.count(1)
 
-    def insert(self, scope: str, key: str, question: str, answer: str, vector: np.ndarray, now: float) -> int:
+    def insert(self, scope: str, key: str, question: str, answer: str, vector: np.ndarray | None, now: float) -> int:
         """The new row's id; a row of the same key goes in the same unit of work."""
         if self.db is None:
             return next(self._ids)
@@ -30,7 +30,7 @@ class CacheStore:
             question=question,
             answer=answer,
             embedder=self.embedder_name,
-            embedding=vector.astype(np.float32).tobytes(),
+            embedding=b"" if vector is None else vector.astype(np.float32).tobytes(),
             hits=0,
             created_at=_datetime(now),
         )
@@ -57,9 +57,10 @@ class CacheStore:
         with self.db.session() as session:
             CacheRepository(session).delete_all()
 
-    def load(self, now: float, ttl_s: float) -> list[tuple[Entry, np.ndarray]]:
-        """Every live entry with its question's vector, oldest first. Rows embedded by another
-        model mean nothing to this one, and expired rows are served by no one: both are deleted."""
+    def load(self, now: float, ttl_s: float) -> list[tuple[Entry, np.ndarray | None]]:
+        """Every live entry with its question's vector (None: found by its L1 key only), oldest
+        first. Rows embedded by another model mean nothing to this one, and expired rows are
+        served by no one: both are deleted."""
         if self.db is None:
             return []
         with self.db.session() as session:
@@ -67,7 +68,11 @@ class CacheStore:
             rows = repository.all()
             live = [r for r in rows if r.embedder == self.embedder_name and now - r.created_at.timestamp() < ttl_s]
             repository.delete(sorted({r.id for r in rows} - {r.id for r in live}))
-            return [(_entry_of(row), np.frombuffer(row.embedding, dtype=np.float32)) for row in live]
+            return [(_entry_of(row), _vector_of(row)) for row in live]
+
+
+def _vector_of(row: CacheEntry) -> np.ndarray | None:
+    return np.frombuffer(row.embedding, dtype=np.float32) if row.embedding else None
 
 
 def _entry_of(row: CacheEntry) -> Entry:

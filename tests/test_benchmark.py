@@ -111,3 +111,30 @@ def test_compare_at_a_tiny_size(tmp_path: Path) -> None:
         "served without a model call",
     }
     assert plot.stat().st_size > 10_000
+
+
+def test_the_peer_workload_never_asks_the_same_thing_twice() -> None:
+    spec = workload.load_workload(BENCH / "peer_workload.yaml")
+    messages = [message for script in workload.build_scripts(spec, 200, max_copies=8) for message in script.turns]
+    assert len(messages) == 200 and len(set(messages)) == 200
+
+
+def test_a_mix_without_its_section_is_refused(tmp_path: Path) -> None:
+    data = yaml.safe_load((BENCH / "peer_workload.yaml").read_text(encoding="utf-8"))
+    data["mix"]["faq"] = 0.5
+    path = tmp_path / "workload.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    with pytest.raises(ValueError, match="faq needs a faq section"):
+        workload.load_workload(path)
+
+
+@pytest.mark.slow
+def test_against_transformers_serve_at_a_tiny_size() -> None:
+    figures = run_benchmark(
+        "--peer", "transformers-serve", "--requests", "6", "--concurrency", "2", "--data-dir", str(SHARED_DATA_DIR)
+    )
+    peer, ours = figures["transformers serve"], figures["optimized"]
+    for side in (peer, ours):
+        assert side["requests"] == 6 and side["errors"] == 0 and side["output_tokens_per_s"] > 0
+    assert ours["exact_hits"] == ours["semantic_hits"] == 0  # every message is new
+    assert set(figures["ratios"]) >= {"ttft_ms_p50", "output_tokens_per_s"}

@@ -84,6 +84,22 @@ async def test_follow_up_never_hits_across_contexts(embedder: Embedder, clock: C
     assert hit is not None and hit.answer == "Einstein died at 76."
 
 
+async def test_a_follow_up_is_found_by_its_exact_words_only_and_never_embedded(
+    embedder: Embedder, clock: Clock, db: Database
+) -> None:
+    kept = CachedEmbedder(embedder)  # counts what is embedded through it
+    cache = make_cache(kept, clock, db)
+    follow_up = scope_key("qwen3-0.6b", "You are a helpful assistant.", [101, 102, 103])
+    await cache.store(follow_up, "How old was he?", "Einstein died at 76.")
+    assert await cache.lookup(follow_up, "How old was he at his death?") is None  # no L2 in a follow-up's scope
+    assert len(kept) == 0
+    restarted = make_cache(kept, clock, db)
+    assert await restarted.load() == 1
+    hit = await restarted.lookup(follow_up, "how old was he")
+    assert hit is not None and hit.level is CacheLevel.EXACT and hit.answer == "Einstein died at 76."
+    assert await restarted.delete(hit.entry_id) and await restarted.lookup(follow_up, "How old was he?") is None
+
+
 async def test_pii_request_is_neither_served_nor_cached(embedder: Embedder, clock: Clock) -> None:
     cache = make_cache(embedder, clock)
     question = "我的手机号13812345678为什么收不到验证码"

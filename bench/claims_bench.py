@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from history_bench import median_ms
 from transformers import AutoModelForCausalLM
 from workload import build_scripts, load_workload
 
@@ -84,16 +85,6 @@ REPLY = (
 )
 
 
-def median_s(fn: Callable[[], object], repeat: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples)
-
-
 def build_engine(data_dir: Path, *, prefix_caching: bool = True) -> LLMEngine:
     engine = LLMEngine.from_pretrained(
         DEMO_MODEL, data_dir=str(data_dir), kv_cache_tokens=65536, enable_prefix_caching=prefix_caching
@@ -123,7 +114,7 @@ def sampling(engine: LLMEngine, quick: bool) -> dict[str, float]:
     repeat = 20 if quick else 200
 
     def step_ms(step_logits: torch.Tensor, params: SamplingParams) -> float:
-        return median_s(lambda: sample(step_logits, [params] * batch, [1] * batch, [0] * batch), repeat) * 1e3
+        return median_ms(lambda: sample(step_logits, [params] * batch, [1] * batch, [0] * batch), repeat)
 
     per_step_ms = {name: step_ms(logits, params) for name, params in variants.items() if "dynamic" not in name}
     for confident in (0.0, 0.9):
@@ -137,7 +128,7 @@ def sampling(engine: LLMEngine, quick: bool) -> dict[str, float]:
     prompts = [engine.tokenizer.encode(text) for texts in MESSAGES.values() for text in texts][: 4 if quick else 8]
     new_tokens = 16 if quick else 128
     end_to_end_ms = {
-        name: median_s(partial(engine.generate, prompts, with_length(params, new_tokens)), 3) * 1e3
+        name: median_ms(partial(engine.generate, prompts, with_length(params, new_tokens)), 3)
         for name, params in variants.items()
     }
     print(f"  end to end, {len(prompts)} requests x {new_tokens} tokens (the demo model is never confident):")
@@ -167,10 +158,10 @@ def tokenizer(chat_format: ChatFormat, quick: bool) -> dict[str, float]:
         return chat_format.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)
 
     for language, texts in MESSAGES.items():
-        default = median_s(partial(map_all, default_call, texts), repeat)
-        ours = median_s(partial(map_all, chat_format.encode, texts), repeat)
-        batched = median_s(partial(ours_batched, texts), repeat)
-        row = [seconds / len(texts) * 1e3 for seconds in (default, ours, batched)]
+        default = median_ms(partial(map_all, default_call, texts), repeat)
+        ours = median_ms(partial(map_all, chat_format.encode, texts), repeat)
+        batched = median_ms(partial(ours_batched, texts), repeat)
+        row = [ms / len(texts) for ms in (default, ours, batched)]
         print(f"  {language:<10} {row[0]:>14.3f} {row[1]:>18.3f} {row[2]:>15.3f}")
         figures[f"tokenize_ms_{language.lower()}"] = round(row[1], 3)
         figures[f"tokenize_ms_{language.lower()}_batched"] = round(row[2], 3)

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -49,11 +50,17 @@ def test_the_mix_shares_the_requests() -> None:
     assert sent == {"faq": 70, "paraphrase": 30, "burst": 30, "multi_turn": 40, "long": 30}
 
 
-def test_a_workload_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
-    data = yaml.safe_load((BENCH / "workload.yaml").read_text(encoding="utf-8"))
-    data["burst"]["sizes"] = 3
+def edited_workload(source: str, tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of bench/`source` with `edit` applied to its data, written under `tmp_path`."""
+    data = yaml.safe_load((BENCH / source).read_text(encoding="utf-8"))
+    edit(data)
     path = tmp_path / "workload.yaml"
     path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def test_a_workload_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
+    path = edited_workload("workload.yaml", tmp_path, lambda data: data["burst"].update(sizes=3))
     with pytest.raises(ValueError, match="sizes"):
         workload.load_workload(path)
 
@@ -73,10 +80,8 @@ def run_benchmark(*args: str) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_compare_at_a_tiny_size(tmp_path: Path) -> None:
-    data = yaml.safe_load((BENCH / "workload.yaml").read_text(encoding="utf-8"))
-    data["max_tokens"] = 8  # shorter replies: what is checked here is the run, not the figures
-    path = tmp_path / "workload.yaml"
-    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    # shorter replies: what is checked here is the run, not the figures
+    path = edited_workload("workload.yaml", tmp_path, lambda data: data.update(max_tokens=8))
     plot = tmp_path / "bench.png"
 
     figures = run_benchmark(
@@ -120,10 +125,7 @@ def test_the_peer_workload_never_asks_the_same_thing_twice() -> None:
 
 
 def test_a_mix_without_its_section_is_refused(tmp_path: Path) -> None:
-    data = yaml.safe_load((BENCH / "peer_workload.yaml").read_text(encoding="utf-8"))
-    data["mix"]["faq"] = 0.5
-    path = tmp_path / "workload.yaml"
-    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    path = edited_workload("peer_workload.yaml", tmp_path, lambda data: data["mix"].update(faq=0.5))
     with pytest.raises(ValueError, match="faq needs a faq section"):
         workload.load_workload(path)
 

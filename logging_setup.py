@@ -1,13 +1,34 @@
-"""Process-wide logging: plain text for a terminal, one JSON object a line for collectors."""
+"""Process-wide logging: plain text for a terminal, one JSON object a line for collectors.
+
+Every line is scrubbed of PII as it is formatted, the traceback and the stack with the message: an
+exception's text is the client's input often enough (`WebError: The model '13812345678' does not
+exist`), and a filter on the message never sees it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import sys
 from datetime import UTC, datetime
+from typing import TextIO
 
-from cache.pii import ScrubFilter
+from cache.pii import scrub
 from settings import LoggingSettings
+
+_TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+
+
+def _clean(text: str) -> str:
+    """`text` scrubbed of PII, a lone surrogate (from a client's JSON: "\\ud800") written as its
+    escape: the stream's UTF-8 encoder would raise on it, and the line would be lost."""
+    return scrub(text).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return _clean(super().format(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -16,22 +37,34 @@ class JsonFormatter(logging.Formatter):
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": _clean(record.getMessage()),
         }
         if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
+            entry["exc"] = _clean(self.formatException(record.exc_info))
+        if record.stack_info:
+            entry["stack"] = _clean(self.formatStack(record.stack_info))
         return json.dumps(entry, ensure_ascii=False)
 
 
+class ScrubbedHandler(logging.StreamHandler[TextIO]):
+    def handleError(self, record: logging.LogRecord) -> None:
+        """A record that cannot be formatted (`log.info("%d", text)`) is reported by where it was
+        logged: the default report prints its message and arguments as they came, PII and all."""
+        error = type(sys.exc_info()[1]).__name__
+        with contextlib.suppress(OSError, ValueError):  # stderr closed or gone: nowhere left to say it
+            sys.stderr.write(f"--- Logging error: {error} in {record.name} at {record.pathname}:{record.lineno}\n")
+
+
+def build_handler(settings: LoggingSettings, stream: TextIO | None = None) -> logging.Handler:
+    """The one handler every record goes through, writing to `stream` (stderr by default)."""
+    handler = ScrubbedHandler(stream)
+    handler.setFormatter(JsonFormatter() if settings.format == "json" else TextFormatter(_TEXT_FORMAT))
+    return handler
+
+
 def configure_logging(settings: LoggingSettings) -> None:
-    handler = logging.StreamHandler()
-    handler.addFilter(ScrubFilter())  # on the handler: it then covers every logger's records
-    if settings.format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [build_handler(settings)]
     root.setLevel(settings.level)
     # Libraries that bring their own handlers log through ours instead, once.
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "Lark"):

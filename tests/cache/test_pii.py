@@ -1,8 +1,15 @@
-import logging
+import re
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from cache.pii import ScrubFilter, contains_pii, find_pii, id_card_valid, luhn_valid, scrub
+from cache.pii import contains_pii, find_pii, id_card_valid, luhn_valid, scrub
+
+PROBES = Path(__file__).resolve().parent.parent / "data" / "pii_probes.tsv"
 
 VALID_ID = "11010519491231002X"
 VALID_CARD = "6222 0212 3456 7894"  # Luhn-valid
@@ -53,9 +60,60 @@ def test_scrub_replaces_every_match() -> None:
     assert scrub(text) == "张三 [PHONE] [EMAIL] [ID_CARD]"
 
 
-def test_scrub_filter_keeps_pii_out_of_log_records(caplog: pytest.LogCaptureFixture) -> None:
-    logger = logging.getLogger("test.pii")
-    logger.addFilter(ScrubFilter())
-    with caplog.at_level(logging.INFO, logger="test.pii"):
-        logger.info("user asked: %s", "我的手机号是13812345678")
-    assert caplog.messages == ["user asked: 我的手机号是[PHONE]"]
+@dataclass(frozen=True)
+class Probe:
+    kinds: list[str]
+    text: str
+    scrubbed: str
+
+
+def _unescaped(field: str) -> str:
+    return re.sub(r"\\u([0-9a-fA-F]{4})", lambda code: chr(int(code.group(1), 16)), field)
+
+
+def load_probes() -> list[Probe]:
+    probes = []
+    lines = PROBES.read_text(encoding="utf-8").splitlines()
+    for line in lines[lines.index("kinds\ttext\tscrubbed") + 1 :]:
+        if not line or line.startswith("#"):
+            continue
+        kinds, text, *scrubbed = (_unescaped(field) for field in line.split("\t"))
+        probes.append(Probe([] if kinds == "-" else kinds.split(","), text, scrubbed[0] if scrubbed else text))
+    return probes
+
+
+def test_probe_set_covers_every_class_and_ordinary_text() -> None:
+    probes = load_probes()
+    assert len(probes) >= 60
+    assert {kind for probe in probes for kind in probe.kinds} == {"phone", "email", "id_card", "bank_card"}
+    assert sum(not probe.kinds for probe in probes) >= 20
+
+
+@pytest.mark.parametrize("probe", load_probes(), ids=lambda probe: probe.text)
+def test_probe_is_labelled_exactly(probe: Probe) -> None:
+    assert [match.kind for match in find_pii(probe.text)] == probe.kinds
+    assert scrub(probe.text) == probe.scrubbed
+
+
+def test_matches_are_masked_in_the_original_text_around_them() -> None:
+    """Full-width digits, NBSPs and Chinese numerals keep their places in the view; a zero-width
+    space and an accent NFKC composes do not: every span still lands on the original's characters."""
+    text = "先生\u200b：１３８\u00a01234\u00a05678，或幺三九一二三四五六七八；e\u0301@例子.中国。"
+    assert scrub(text) == "先生\u200b：[PHONE]，或[PHONE]；[EMAIL]。"
+
+
+# Any character (lone surrogates too), and often what numbers and addresses are made of.
+TEXT = st.text(
+    st.one_of(
+        st.sampled_from("0123456789１３８幺三八 .-/()+@at\u00a0\u200b\u0301"), st.characters(exclude_categories=())
+    ),
+    max_size=60,
+)
+
+
+@given(TEXT)
+def test_matches_are_ordered_disjoint_spans_of_any_text(text: str) -> None:
+    matches = find_pii(text)
+    assert all(0 <= match.start < match.end <= len(text) for match in matches)
+    assert all(first.end <= second.start for first, second in pairwise(matches))
+    assert (scrub(text) == text) == (not matches)

@@ -27,12 +27,18 @@ from settings import Settings
 from storage import Database
 from storage.maintenance import run_maintenance
 from web import admin, chat_page, health, metrics, openai_api
-from web.limits import BodySizeLimit, RateLimiter
+from web.admission import Admission
+from web.limits import BodySizeLimit, LoginThrottle, RateLimiter
 from web.monitor import Monitor
 from web.telemetry import RequestMetrics, Telemetry
 from web.templating import STATIC_DIR
 
 log = logging.getLogger("clawdbot")
+
+# How long shutdown waits for the engine's step in progress, which cannot be interrupted: on a CPU
+# a step that prefills a 2048-token chunk of Qwen3-0.6B takes tens of seconds. Every request is
+# aborted by then and nothing of it is stored, so the process exits without it.
+ENGINE_STOP_TIMEOUT_S = 2.0
 
 
 def build_chat_manager(settings: Settings, engine: LLMEngine, db: Database) -> ChatManager:
@@ -108,17 +114,28 @@ def build_app(settings: Settings) -> FastAPI:
             await bot.stop()
             scheduler.shutdown(wait=False)
             await chat_manager.close()
-            engine.shutdown()
+            if not engine.shutdown(ENGINE_STOP_TIMEOUT_S):
+                log.warning("the engine is still in a step after %.0f s: exiting without it", ENGINE_STOP_TIMEOUT_S)
             db.close()
             log.info("stopped cleanly")
 
-    app = FastAPI(title="Clawdbot", lifespan=lifespan)
+    docs = settings.api.docs  # off by default: the pages need no login
+    app = FastAPI(
+        title="Clawdbot",
+        lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+    )
     app.state.settings = settings
     app.state.chat_manager = chat_manager
     app.state.readiness_checks = {"database": db.ping, "model": engine.is_running}
     app.state.telemetry = telemetry
     app.state.monitor = monitor
     app.state.rate_limiter = RateLimiter(settings.limits.requests_per_minute)
+    app.state.admission = Admission()
+    app.state.login_throttle = LoginThrottle()
+    chat_page.warn_if_open(settings)
     app.add_middleware(BodySizeLimit, max_bytes=settings.limits.max_body_bytes)
     app.add_middleware(RequestMetrics, telemetry=telemetry)
     app.include_router(health.router)

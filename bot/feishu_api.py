@@ -23,6 +23,8 @@ from lark_oapi.api.cardkit.v1 import (
     SettingsCardRequestBody,
 )
 from lark_oapi.api.im.v1 import (
+    GetMessageRequest,
+    Message,
     PatchMessageRequest,
     PatchMessageRequestBody,
     ReplyMessageRequest,
@@ -95,6 +97,12 @@ class FeishuApi:
         )
         response = await self._call("reply", lambda: self._client.im.v1.message.areply(request))
         return response.data.message_id
+
+    async def message(self, message_id: str) -> Message:
+        """A message as the Open API has it now (recalled ones say `deleted`)."""
+        request = GetMessageRequest.builder().message_id(message_id).build()
+        response = await self._call("message get", lambda: self._client.im.v1.message.aget(request))
+        return response.data.items[0]
 
     async def patch_card(self, message_id: str, card: dict[str, Any]) -> None:
         request = (

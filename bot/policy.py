@@ -3,7 +3,8 @@
 Private chats always; groups only when this bot is @mentioned (by open_id, never by name), and on
 @all only if configured. Senders that are not users, the bot's own messages and events older than
 `max_event_age` are ignored. Each message is answered once: its id is claimed in the database,
-which survives restarts and is shared by replicas.
+which survives restarts and is shared by replicas. A claim whose reply was never finished (the
+process stopped meanwhile) is answered again at the next start, by one replica.
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from lark_oapi.api.im.v1 import EventMessage, MentionEvent, P2ImMessageReceiveV1
+import lark_oapi as lark
+from lark_oapi.api.im.v1 import EventMessage, MentionEvent, Message, P2ImMessageReceiveV1
 
-from storage import Database, EventRepository
+from storage import Database, EventRepository, ProcessedEvent, utcnow
 
 log = logging.getLogger(__name__)
 
+MESSAGE_KEY = "feishu:message:"
 PLACEHOLDER = re.compile(r"@_user_\d+")
 AT_ALL = re.compile(r"@_all(?![A-Za-z0-9_])")
 
@@ -37,6 +40,14 @@ class IncomingMessage:
     message_type: str
     text: str | None
     """The user's words, mentions resolved; None for a message type the bot cannot read."""
+
+
+@dataclass(frozen=True)
+class Unanswered:
+    """A message claimed before a restart whose reply was never finished."""
+
+    message_id: str
+    chat_type: str
 
 
 class EventPolicy:
@@ -78,11 +89,29 @@ class EventPolicy:
 
     async def first_delivery(self, message: IncomingMessage) -> bool:
         """Claim the message; False when it was claimed before (a redelivery or a replay)."""
-        return await asyncio.to_thread(self._claim, f"feishu:message:{message.message_id}")
+        return await asyncio.to_thread(self._claim, MESSAGE_KEY + message.message_id, message.chat_type)
 
-    def _claim(self, key: str) -> bool:
+    async def finished(self, message: IncomingMessage) -> None:
+        """The message's reply has been shown (an answer or an error line): its claim is finished."""
+        await asyncio.to_thread(self._finish, MESSAGE_KEY + message.message_id)
+
+    async def take_unanswered(self) -> list[Unanswered]:
+        """Claim, to answer them again, the messages claimed within `max_event_age` whose reply was
+        never finished (the process stopped or failed meanwhile); each goes to one replica."""
+        claims = await asyncio.to_thread(self._resume_unfinished, utcnow() - self._max_event_age)
+        return [Unanswered(claim.key.removeprefix(MESSAGE_KEY), claim.chat_type or "p2p") for claim in claims]
+
+    def _claim(self, key: str, chat_type: str) -> bool:
         with self._db.session() as session:
-            return EventRepository(session).claim(key, self._dedup_ttl)
+            return EventRepository(session).claim(key, self._dedup_ttl, chat_type=chat_type)
+
+    def _finish(self, key: str) -> None:
+        with self._db.session() as session:
+            EventRepository(session).finish(key)
+
+    def _resume_unfinished(self, since: datetime) -> list[ProcessedEvent]:
+        with self._db.session() as session:
+            return EventRepository(session).resume_unfinished(MESSAGE_KEY, since)
 
     def _addressed(self, mentions: list[MentionEvent], raw_text: str | None) -> bool:
         if any(m.id is not None and m.id.open_id == self.bot_open_id for m in mentions):
@@ -99,6 +128,27 @@ class EventPolicy:
         }
         text = PLACEHOLDER.sub(lambda match: names.get(match.group(), ""), text)
         return AT_ALL.sub("", text).strip()
+
+
+def fetched_event(message: Message, chat_type: str) -> P2ImMessageReceiveV1:
+    """The receive event a message fetched through the Open API came in, for `admit` to read.
+
+    The API names some fields differently (msg_type, body.content) and gives ids as bare strings."""
+    mentions = [{"key": m.key, "id": {"open_id": m.id}, "name": m.name} for m in message.mentions or []]
+    event = {
+        "sender": {"sender_id": {"open_id": message.sender.id}, "sender_type": message.sender.sender_type},
+        "message": {
+            "message_id": message.message_id,
+            "create_time": str(message.create_time),
+            "chat_id": message.chat_id,
+            "chat_type": chat_type,
+            "thread_id": message.thread_id,
+            "message_type": message.msg_type,
+            "content": message.body.content,
+            "mentions": mentions,
+        },
+    }
+    return lark.JSON.unmarshal(json.dumps({"schema": "2.0", "event": event}), P2ImMessageReceiveV1)
 
 
 def _raw_text(message: EventMessage) -> str | None:

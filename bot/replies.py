@@ -4,12 +4,13 @@ An answer streams into a CardKit card (card JSON 2.0 in streaming mode, sent by 
 reply, its markdown element updated with a strictly increasing sequence, streaming mode closed at
 the end), at most one update per `interval_s`. When CardKit is refused (the app lacks the
 cardkit:card:write scope, or the tenant does not have CardKit) the card is sent whole and patched
-instead. An answer too long for one card continues in the next; if generation fails, the card
-says so in a footer.
+instead. An answer too long for one card continues in the next; if generating or showing the
+answer fails, the card says so in a footer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -43,34 +44,41 @@ class Replier:
     async def text(self, message_id: str, text: str, *, in_thread: bool) -> None:
         await self._api.reply(message_id, "text", {"text": text}, uuid=_uuid(message_id, "text"), in_thread=in_thread)
 
-    async def stream(self, message_id: str, deltas: AsyncIterable[str], *, in_thread: bool) -> None:
-        """Stream the answer `deltas` make up into card(s) replying to `message_id`."""
-        part = 0
-        card = await self._open_card(message_id, part, in_thread)
-        text = ""
-        next_update = time.monotonic() + self._interval_s
-        iterator = aiter(deltas)
-        while True:
-            try:
-                text += await anext(iterator)
-            except StopAsyncIteration:
-                break
-            except Exception:
-                log.exception("feishu: generating the answer to %s failed", message_id)
-                text += ERROR_FOOTER
-                break
-            while len(text) > self._card_text_limit:
-                cut = _split_point(text, self._card_text_limit)
-                await card.finish(text[:cut])
-                text, part = text[cut:], part + 1
-                card = await self._open_card(message_id, part, in_thread)
-            if time.monotonic() >= next_update:
-                await card.update(text)
-                next_update = time.monotonic() + self._interval_s
-        await card.finish(text)
+    async def stream(
+        self, message_id: str, deltas: AsyncIterable[str], *, in_thread: bool, resumed: bool = False
+    ) -> None:
+        """Stream the answer `deltas` make up into card(s) replying to `message_id`.
 
-    async def _open_card(self, message_id: str, part: int, in_thread: bool) -> CardWriter:
-        reply_uuid = _uuid(message_id, f"card-{part}")
+        A card is never left streaming: if generating or showing the answer fails, or the reply
+        is cancelled, the card is finished with what it has and an error line. This raises only
+        when even that cannot be shown. A `resumed` answer (after a restart) sends cards of its
+        own: Feishu would answer a repeated uuid with the card that was left unfinished."""
+        part = 0
+        card = await self._open_card(message_id, part, in_thread, resumed)
+        text = ""
+        try:
+            next_update = time.monotonic() + self._interval_s
+            async for delta in deltas:
+                text += delta
+                while len(text) > self._card_text_limit:
+                    cut = _split_point(text, self._card_text_limit)
+                    await card.finish(text[:cut])
+                    text, part = text[cut:], part + 1
+                    card = await self._open_card(message_id, part, in_thread, resumed)
+                if time.monotonic() >= next_update:
+                    await card.update(text)
+                    next_update = time.monotonic() + self._interval_s
+            await card.finish(text)
+        except asyncio.CancelledError:
+            log.warning("feishu: the answer to %s was cancelled", message_id)
+            await card.finish(text + ERROR_FOOTER)
+            raise
+        except Exception:
+            log.exception("feishu: answering %s failed", message_id)
+            await card.finish(text + ERROR_FOOTER)
+
+    async def _open_card(self, message_id: str, part: int, in_thread: bool, resumed: bool) -> CardWriter:
+        reply_uuid = _uuid(message_id, f"card-{part}-resumed" if resumed else f"card-{part}")
         try:
             card_id = await self._api.create_card(_card(PLACEHOLDER, streaming=True))
         except FeishuApiError as exc:

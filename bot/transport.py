@@ -1,30 +1,43 @@
 """How events reach the bot: Feishu's long connection, or its webhook (POST /feishu/events).
 
-Either way lark-oapi decodes the event and calls the dispatcher's handler, which must return at
-once: Feishu redelivers anything not acknowledged within 3 s.
+The webhook authenticates and decrypts a request itself, then hands the event to lark-oapi as
+the long connection does. Either way lark-oapi decodes the event and calls the dispatcher's
+handler, which must return at once: Feishu redelivers anything not acknowledged within 3 s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
+import json
 import logging
+import re
 import threading
 import time
+from typing import Any
 
 import lark_oapi as lark
 import lark_oapi.ws.client as lark_ws_client
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from lark_oapi.core.utils import AESCipher
+from starlette.datastructures import Headers
 
 log = logging.getLogger(__name__)
 
 WEBHOOK_PATH = "/feishu/events"
 SIGNATURE_MAX_AGE_S = 300
+# Seconds since the epoch, in ASCII digits: `isdigit()` admits "²", and 5,000 digits pass int()'s limit.
+TIMESTAMP = re.compile(r"[0-9]{1,12}")
 TIMESTAMP_HEADER = "X-Lark-Request-Timestamp"
 NONCE_HEADER = "X-Lark-Request-Nonce"
 SIGNATURE_HEADER = "X-Lark-Signature"
+URL_VERIFICATION = "url_verification"
+# Every refusal answers the same, whatever failed.
+REFUSED = {"msg": "unauthorized"}
+NOT_HANDLED = {"msg": "event not handled"}
 
 
 class LongConnection:
@@ -91,48 +104,89 @@ async def _close(client: lark.ws.Client) -> None:
     await client._disconnect()
 
 
-def webhook_router(dispatcher: lark.EventDispatcherHandler, *, encrypt_key: str) -> APIRouter:
+def webhook_router(dispatcher: lark.EventDispatcherHandler, *, encrypt_key: str, verification_token: str) -> APIRouter:
     router = APIRouter(tags=["feishu"])
 
     @router.post(WEBHOOK_PATH)
     async def feishu_events(request: Request) -> Response:
-        body = await request.body()
-        # Starlette lowercases header names; the SDK looks them up as Feishu spells them.
-        headers = {_canonical(name): value for name, value in request.headers.items()}
-        refusal = _signature_refusal(headers, body, encrypt_key) if encrypt_key else None
-        if refusal is not None:
+        try:
+            payload, plaintext = _authentic(request.headers, await request.body(), encrypt_key, verification_token)
+        except Refused as refusal:
             log.warning(
                 "feishu webhook: refused a request from %s: %s", request.client.host if request.client else "?", refusal
             )
-            return JSONResponse({"msg": refusal}, status_code=401)
-        raw = lark.RawRequest()
-        raw.uri = request.url.path
-        raw.headers = headers
-        raw.body = body
-        answer = dispatcher.do(raw)
-        if answer.status_code != 200:
-            log.warning("feishu webhook: rejected: %s", answer.content.decode(errors="replace"))
-            # The handler never raises, so an SDK failure is the request's fault, not the server's.
-            answer.status_code = 400
-        return Response(answer.content, status_code=answer.status_code, headers=answer.headers)
+            return JSONResponse(REFUSED, status_code=401)
+        if payload.get("type") == URL_VERIFICATION:
+            return JSONResponse({"challenge": payload["challenge"]})
+        try:
+            # Authenticated already: this is how the SDK's own long connection dispatches. Its
+            # do() would decrypt again and log a traceback for any event it cannot handle.
+            dispatcher._do_without_validation(plaintext)
+        except Exception as exc:  # noqa: BLE001 - whatever the SDK raises, the event is not handled
+            log.warning("feishu webhook: event not handled: %s: %s", type(exc).__name__, exc)
+            return JSONResponse(NOT_HANDLED, status_code=400)
+        return JSONResponse({"msg": "success"})
 
     return router
 
 
-def _signature_refusal(headers: dict[str, str], body: bytes, encrypt_key: str) -> str | None:
-    """Why a signed request is refused, or None. Unsigned ones (the URL verification challenge is
-    the only kind) go on to the SDK, which refuses any other event that lacks a signature."""
-    signature = headers.get(SIGNATURE_HEADER)
-    if signature is None:
-        return None
+class Refused(Exception):
+    """Why a webhook request is refused: logged, never told to the caller."""
+
+
+def _authentic(
+    headers: Headers, body: bytes, encrypt_key: str, verification_token: str
+) -> tuple[dict[str, Any], bytes]:
+    """The request's payload and its plaintext, or Refused.
+
+    With an encrypt key, a signed request's timestamp and signature are checked before anything
+    is decrypted; an unsigned one may only be the URL verification challenge (Feishu does not sign
+    it). A forger sees one answer for every failure: a padding error that answered differently
+    from a JSON error once recovered a 16-byte block of an event in 2,067 requests."""
+    signed = SIGNATURE_HEADER in headers
+    if encrypt_key and signed:
+        _check_signature(headers, body, encrypt_key)
+    plaintext = _decrypt(body, encrypt_key) if encrypt_key else body
+    payload = _json_object(plaintext)
+    if encrypt_key and not signed and payload.get("type") != URL_VERIFICATION:
+        raise Refused("an unsigned request that is not a URL verification challenge")
+    if verification_token and not hmac.compare_digest(_token(payload).encode(), verification_token.encode()):
+        raise Refused("the verification token does not match")
+    if payload.get("type") == URL_VERIFICATION and not isinstance(payload.get("challenge"), str):
+        raise Refused("a URL verification without a challenge")
+    return payload, plaintext
+
+
+def _check_signature(headers: Headers, body: bytes, encrypt_key: str) -> None:
     timestamp = headers.get(TIMESTAMP_HEADER, "")
-    if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > SIGNATURE_MAX_AGE_S:
-        return f"timestamp {timestamp!r} is not within {SIGNATURE_MAX_AGE_S} s of now"
+    if not TIMESTAMP.fullmatch(timestamp) or abs(time.time() - int(timestamp)) > SIGNATURE_MAX_AGE_S:
+        raise Refused(f"timestamp {timestamp[:20]!r} is not within {SIGNATURE_MAX_AGE_S} s of now")
     signed = (timestamp + headers.get(NONCE_HEADER, "") + encrypt_key).encode() + body
-    if not hmac.compare_digest(hashlib.sha256(signed).hexdigest(), signature):
-        return "signature does not match"
-    return None
+    if not hmac.compare_digest(hashlib.sha256(signed).hexdigest().encode(), headers[SIGNATURE_HEADER].encode()):
+        raise Refused("the signature does not match")
 
 
-def _canonical(name: str) -> str:
-    return "-".join(part.capitalize() for part in name.split("-"))
+def _decrypt(body: bytes, encrypt_key: str) -> bytes:
+    """AES-256-CBC, key sha256(encrypt_key), the IV first; every failure is the same refusal."""
+    try:
+        sealed = _json_object(body)["encrypt"]
+        return AESCipher(encrypt_key).decrypt(base64.b64decode(sealed, validate=True))
+    except (Refused, KeyError, TypeError, ValueError):
+        raise Refused("the body could not be decrypted") from None
+
+
+def _json_object(data: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):
+        raise Refused("the body is not JSON") from None
+    if not isinstance(value, dict):
+        raise Refused("the body is not a JSON object")
+    return value
+
+
+def _token(payload: dict[str, Any]) -> str:
+    """Schema 2.0 events carry the verification token in their header; the challenge at the top."""
+    header = payload.get("header")
+    token = header.get("token") if isinstance(header, dict) else payload.get("token")
+    return token if isinstance(token, str) else ""

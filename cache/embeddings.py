@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -126,6 +129,94 @@ class CachedEmbedder:
             while len(self._vectors) > self.capacity:
                 self._vectors.popitem(last=False)
         return np.stack(found) if found else np.zeros((0, self.dim), dtype=np.float32)
+
+
+@dataclass
+class _Wanted:
+    """One text's callers; `urgent` once any of them is a lookup."""
+
+    urgent: bool
+    callers: list[asyncio.Future[np.ndarray]] = field(default_factory=list)
+
+    def waiting(self) -> list[asyncio.Future[np.ndarray]]:
+        """The callers still waiting: one that left (cancelled) is owed nothing."""
+        return [caller for caller in self.callers if not caller.done()]
+
+
+class BatchingEmbedder:
+    """Embeds together the texts that callers on one event loop ask for at about the same time.
+
+    The first caller starts a worker that waits `window_s` for company, then embeds what is
+    waiting in one forward; callers that arrive while a forward runs are embedded in the next,
+    `max_batch` texts at most. A text asked by several callers is embedded once. Urgent texts
+    (lookups, which a user waits for) fill a batch before the others (stores). The forwards run
+    one at a time on a thread of their own: a caller holds no worker thread while it waits, and a
+    forward never queues behind the database's units of work in the default pool. Not
+    thread-safe: one event loop owns it.
+    """
+
+    def __init__(self, embedder: Embedder, max_batch: int, window_s: float) -> None:
+        self.embedder = embedder
+        self.name = embedder.name
+        self.dim = embedder.dim
+        self.max_batch = max_batch
+        self.window_s = window_s
+        self.forwards = 0
+        self.texts = 0
+        self._wanted: OrderedDict[str, _Wanted] = OrderedDict()
+        self._embedding: dict[str, _Wanted] = {}  # the batch in the forward now: a caller may join it
+        self._worker: asyncio.Task[None] | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed-batches")
+
+    async def embed(self, text: str, *, urgent: bool = True) -> np.ndarray:
+        """`text`'s normalized float32 vector [dim]."""
+        caller = asyncio.get_running_loop().create_future()
+        wanted = self._embedding.get(text) or self._wanted.setdefault(text, _Wanted(urgent))
+        wanted.urgent |= urgent
+        wanted.callers.append(caller)
+        if self._worker is None:
+            self._worker = asyncio.create_task(self._run())
+        return await caller
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.sleep(self.window_s)
+            while True:
+                self._embedding = batch = self._next_batch()
+                if not batch:
+                    return
+                texts = list(batch)
+                try:
+                    vectors = await loop.run_in_executor(self._thread, self.embedder.encode, texts)
+                except Exception as exc:  # noqa: BLE001 - every caller of the batch gets the embedder's error
+                    for wanted in batch.values():
+                        for caller in wanted.waiting():
+                            caller.set_exception(exc)
+                    continue
+                self.forwards += 1
+                self.texts += len(texts)
+                for text, vector in zip(texts, vectors, strict=True):
+                    for caller in batch[text].waiting():
+                        caller.set_result(vector)
+        finally:
+            # Cancelled (the loop is closing): no caller may wait for a forward that never comes.
+            for wanted in [*self._embedding.values(), *self._wanted.values()]:
+                for caller in wanted.waiting():
+                    caller.cancel()
+            self._embedding, self._worker = {}, None
+            self._wanted.clear()
+
+    def _next_batch(self) -> dict[str, _Wanted]:
+        """Up to `max_batch` texts someone still waits for, urgent ones first, each in arrival order."""
+        for text in [text for text, wanted in self._wanted.items() if not wanted.waiting()]:
+            del self._wanted[text]
+        chosen = [text for text, wanted in self._wanted.items() if wanted.urgent][: self.max_batch]
+        if len(chosen) < self.max_batch:
+            chosen += [text for text, wanted in self._wanted.items() if not wanted.urgent][
+                : self.max_batch - len(chosen)
+            ]
+        return {text: self._wanted.pop(text) for text in chosen}
 
 
 def build_embedder(settings: CacheSettings) -> Embedder:

@@ -18,6 +18,7 @@ class Entry:
     key: str
     question: str
     answer: str
+    cut_at: int | None  # the max_tokens the model's answer was cut at; None: the model ended it
     usage: Usage
 
 

@@ -8,13 +8,15 @@ import threading
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
+from sqlalchemy.exc import SQLAlchemyError
 
-from cache.embeddings import Embedder
+from cache.embeddings import BatchingEmbedder, Embedder
 from cache.entries import Entry, EntryTable
 from cache.eviction import Usage, build_policy, victims
 from cache.judge import Judge
@@ -31,6 +33,8 @@ log = logging.getLogger(__name__)
 # Lookups' vectors kept for the store that follows a miss, so a question is embedded once.
 _PENDING_VECTORS = 256
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class CacheHit:
@@ -38,6 +42,7 @@ class CacheHit:
     level: Literal[CacheLevel.EXACT, CacheLevel.SEMANTIC]
     similarity: float
     entry_id: int
+    cut: bool  # the model's answer was cut at max_tokens
 
 
 @dataclass(frozen=True)
@@ -71,17 +76,8 @@ class CacheFigures:
     expired: int
     lookup_ms_p50: float
     lookup_ms_p99: float
-
-
-@dataclass
-class _Search:
-    """What a lookup found in memory: an exact hit, or the question's vector and the candidates
-    above the threshold, most similar first, each with its cached question; neither for a scope
-    that holds nothing."""
-
-    exact: CacheHit | None = None
-    vector: np.ndarray | None = None
-    candidates: list[tuple[CacheHit, str]] = field(default_factory=list)
+    embed_forwards: int  # the embedder's forwards for lookups and stores
+    embedded_texts: int  # the questions those forwards embedded
 
 
 @dataclass(frozen=True)
@@ -99,10 +95,16 @@ class ResponseCache:
 
     Locking: the entries (`_table`) are read and changed in worker threads only, under `_lock`;
     nothing holds `_lock` while it waits on the embedder or the database, and the event loop never
-    takes it (a FAISS retrain under it can take seconds). The counters, the figures and the
-    pending vectors belong to the event loop. Every method that waits is async; writers (store,
-    delete, flush, purge, load) run one at a time under `_writer`, so memory and the database
-    change in the same order.
+    takes it (a FAISS retrain under it can take seconds). The counters, the figures, the pending
+    vectors and the unsaved hits belong to the event loop. Every method that waits is async;
+    writers (store, delete, flush, purge, load, saving hits) run one at a time under `_writer`, so
+    memory and the database change in the same order.
+
+    A lookup never waits on the database nor queues behind it: its work in memory runs on a
+    thread of its own (`_lookups`), not in the default pool with the units of work; its embedding
+    is batched with the lookups and stores around it (`BatchingEmbedder`), and holds no thread
+    while it waits; its hit is saved later, with the hits around it. A store embeds at a lower
+    priority than lookups, before it takes `_writer`.
     """
 
     def __init__(
@@ -129,14 +131,21 @@ class ResponseCache:
         self._lock = threading.Lock()
         self._table = EntryTable(embedder.dim, settings.approx_index_min_entries, settings.ivf_nprobe)
         self._writer = asyncio.Lock()
+        self._embeddings = BatchingEmbedder(embedder, settings.embed_batch_max, settings.embed_batch_window_ms / 1000)
+        self._lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-lookups")
         self._num_entries = 0
         self._pending: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._unsaved_hits: list[tuple[int, float]] = []
+        self._hit_saver: asyncio.Task[None] | None = None
         self._counts: Counter[str] = Counter()
         self._latencies: deque[float] = deque(maxlen=settings.latency_window)
 
     # --- serving ------------------------------------------------------------------------------
 
-    async def lookup(self, scope: Scope, question: str) -> CacheHit | None:
+    async def lookup(self, scope: Scope, question: str, max_tokens: int | None = None) -> CacheHit | None:
+        """An earlier answer to `question` in `scope` that this request may get: a complete one,
+        or one the model cut at its max_tokens when this request asks for no more (`max_tokens`;
+        None: a complete answer only)."""
         if not self.settings.enabled:
             return None
         if contains_pii(question):
@@ -144,27 +153,42 @@ class ResponseCache:
             return None
         started = time.perf_counter()
         now, key = self._clock(), l1_key(scope, question)
-        search = await asyncio.to_thread(self._search, scope.key, key, question, now)
-        hit = search.exact
-        if hit is None and search.vector is not None:
-            self._remember(key, search.vector)
-            hit = await self._same_question(question, search.candidates)
+        hit, comparable = await self._in_lookups(self._exact, scope.key, key, now, max_tokens)
+        if hit is None and comparable:
+            vector = await self._embeddings.embed(embedded_text(question))
+            candidates = await self._in_lookups(self._nearest, scope.key, vector, now, max_tokens)
+            self._remember(key, vector)
+            hit = await self._same_question(question, candidates)
             if hit is not None:
-                await asyncio.to_thread(self._record_hit, hit.entry_id, now)
+                await self._in_lookups(self._used, hit.entry_id, now)
+        if hit is not None:
+            self._save_hit(hit.entry_id, now)
         self._latencies.append(time.perf_counter() - started)
         self._counts[f"hits_{hit.level}" if hit else "misses"] += 1
         return hit
 
-    async def store(self, scope: Scope, question: str, answer: str) -> bool:
-        """Cache `answer` (scrubbed of PII); False when the request may not be cached.
+    async def store(self, scope: Scope, question: str, answer: str, cut_at: int | None = None) -> bool:
+        """Cache `answer` (scrubbed of PII); False when the request may not be cached. `cut_at`:
+        the max_tokens the model's answer was cut at (None: the model ended it), so that it only
+        serves requests that ask for no more.
 
         A question with PII is refused here silently: its lookup already counted it."""
         if not self.settings.enabled or contains_pii(question):
             return False
         key = l1_key(scope, question)
         vector = self._pending.pop(key, None)
-        await self._write(self._insert, scope, key, question, scrub(answer), vector, self._clock())
+        # A follow-up's answer is found by its L1 key only: an L2 hit would need another
+        # conversation with the very same history and a reworded question, and embedding every
+        # follow-up for it cost each turn 30-200 ms of the embedder that lookups wait for.
+        if vector is None and scope.shared:
+            vector = await self._embeddings.embed(embedded_text(question), urgent=False)
+        await self._write(self._insert, scope, key, question, scrub(answer), cut_at, vector, self._clock())
         return True
+
+    async def close(self) -> None:
+        """Saves the hits not saved yet (at shutdown)."""
+        if self._hit_saver is not None:
+            await self._hit_saver
 
     async def _same_question(self, question: str, candidates: list[tuple[CacheHit, str]]) -> CacheHit | None:
         """The first candidate that asks what `question` asks: it passes verification, then the judge."""
@@ -183,62 +207,89 @@ class ResponseCache:
         if len(self._pending) > _PENDING_VECTORS:
             self._pending.popitem(last=False)
 
+    def _save_hit(self, entry_id: int, now: float) -> None:
+        """Saves the hit soon, with the hits that come meanwhile, in one unit of work: a lookup
+        does not wait for the database (300 concurrent hits were 300 commits in a row)."""
+        self._unsaved_hits.append((entry_id, now))
+        if self._hit_saver is None:
+            self._hit_saver = asyncio.create_task(self._save_hits())
+
+    async def _save_hits(self) -> None:
+        try:
+            while self._unsaved_hits:
+                hits, self._unsaved_hits = self._unsaved_hits, []
+                try:
+                    await self._write(self._record_hits, hits)
+                except SQLAlchemyError as exc:  # the counts are lost, the entries are not
+                    log.error("response cache: %d hits not saved: %s: %s", len(hits), type(exc).__name__, exc)
+        finally:
+            self._hit_saver = None
+
+    async def _in_lookups(self, work: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._lookups, work, *args)
+
     # --- worker threads -----------------------------------------------------------------------
 
-    def _search(self, scope: str, key: str, question: str, now: float) -> _Search:
-        """L1, else the embedding and the L2 candidates that pass the threshold, each neighbour
-        credited with its closeness to this query (what adaptive eviction weighs)."""
+    def _exact(self, scope: str, key: str, now: float, max_tokens: int | None) -> tuple[CacheHit | None, bool]:
+        """The L1 hit if any, and whether `scope` holds vectors to compare the question with: a
+        follow-up turn's scope (its history) has none (see `store`), and a new deployment's shared
+        scope none yet, so no embedding."""
         with self._lock:
-            exact = self._table.by_key(key)
-            if exact is not None and self._fresh(exact, now):
-                exact.usage.hit(now)
-                hit = CacheHit(exact.answer, CacheLevel.EXACT, 1.0, exact.id)
-            else:
-                hit = None
-            # A follow-up turn's scope (its history) has no vectors (see _insert), and a new
-            # deployment's shared scope none yet: nothing to compare with, so no embedding.
-            empty_scope = not self._table.holds(scope)
-        if hit is not None:
-            self._store.record_hit(hit.entry_id, now)
-            return _Search(exact=hit)
-        if empty_scope:
-            return _Search()
-        vector = self.embedder.encode([embedded_text(question)])[0]
+            entry = self._table.by_key(key)
+            if entry is not None and self._serves(entry, now, max_tokens):
+                entry.usage.hit(now)
+                return CacheHit(entry.answer, CacheLevel.EXACT, 1.0, entry.id, entry.cut_at is not None), True
+            return None, self._table.holds(scope)
+
+    def _nearest(
+        self, scope: str, vector: np.ndarray, now: float, max_tokens: int | None
+    ) -> list[tuple[CacheHit, str]]:
+        """The L2 candidates that pass the threshold, most similar first, each with its cached
+        question; each neighbour credited with its closeness to this query (what adaptive eviction
+        weighs)."""
         floor = self.threshold - self.settings.related_band
         with self._lock:
             neighbours = self._table.nearest(scope, vector, self.settings.candidates)
             for entry, similarity in neighbours:
                 relatedness = min(1.0, max(0.0, (similarity - floor) / (1.0 - floor)))
                 entry.usage.credit(relatedness, now, self.settings.closeness_half_life_s)
-            candidates = [
-                (CacheHit(entry.answer, CacheLevel.SEMANTIC, similarity, entry.id), entry.question)
+            return [
+                (
+                    CacheHit(entry.answer, CacheLevel.SEMANTIC, similarity, entry.id, entry.cut_at is not None),
+                    entry.question,
+                )
                 for entry, similarity in neighbours
-                if similarity >= self.threshold and self._fresh(entry, now)
+                if similarity >= self.threshold and self._serves(entry, now, max_tokens)
             ]
-        return _Search(vector=vector, candidates=candidates)
 
-    def _record_hit(self, entry_id: int, now: float) -> None:
+    def _used(self, entry_id: int, now: float) -> None:
         with self._lock:
             entry = self._table.get(entry_id)
             if entry is not None:
                 entry.usage.hit(now)
-        self._store.record_hit(entry_id, now)
+
+    def _record_hits(self, hits: list[tuple[int, float]]) -> _Written:
+        self._store.record_hits(hits)
+        with self._lock:
+            return _Written(len(self._table))
 
     def _insert(
-        self, scope: Scope, key: str, question: str, answer: str, vector: np.ndarray | None, now: float
+        self,
+        scope: Scope,
+        key: str,
+        question: str,
+        answer: str,
+        cut_at: int | None,
+        vector: np.ndarray | None,
+        now: float,
     ) -> _Written:
-        # A follow-up's answer is found by its L1 key only: an L2 hit would need another
-        # conversation with the very same history and a reworded question, and embedding every
-        # follow-up for it cost each turn 30-200 ms of the embedder that lookups wait for.
-        if vector is None and scope.shared:
-            vector = self.embedder.encode([embedded_text(question)])[0]
-        entry_id = self._store.insert(scope.key, key, question, answer, vector, now)
+        entry_id = self._store.insert(scope.key, key, question, answer, cut_at, vector, now)
         with self._lock:
             replaced = self._table.by_key(key)
             if replaced is not None:
                 self._table.remove([replaced.id])
             evicted, expired = self._make_room(now) if len(self._table) >= self.settings.capacity else ([], [])
-            entry = Entry(entry_id, scope.key, key, question, answer, Usage(now, now))
+            entry = Entry(entry_id, scope.key, key, question, answer, cut_at, Usage(now, now))
             self._table.add([entry], None if vector is None else vector.reshape(1, -1))
             size = len(self._table)
         self._store.delete(evicted + expired)
@@ -259,6 +310,13 @@ class ResponseCache:
 
     def _fresh(self, entry: Entry, now: float) -> bool:
         return now - entry.usage.created < self.settings.ttl_s
+
+    def _serves(self, entry: Entry, now: float, max_tokens: int | None) -> bool:
+        """Fresh, and as long as the request may get: an answer cut at 32 tokens is not the answer
+        to a request for 512, and is served cut (finish reason `length`) to one for 32 or fewer."""
+        if not self._fresh(entry, now):
+            return False
+        return entry.cut_at is None or (max_tokens is not None and max_tokens <= entry.cut_at)
 
     # --- administration -----------------------------------------------------------------------
 
@@ -385,6 +443,8 @@ class ResponseCache:
             expired=counts["expired"],
             lookup_ms_p50=float(np.percentile(latencies, 50)) if latencies.size else 0.0,
             lookup_ms_p99=float(np.percentile(latencies, 99)) if latencies.size else 0.0,
+            embed_forwards=self._embeddings.forwards,
+            embedded_texts=self._embeddings.texts,
         )
 
 

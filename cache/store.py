@@ -20,7 +20,16 @@ class CacheStore:
         self.embedder_name = embedder_name
         self._ids = itertools.count(1)
 
-    def insert(self, scope: str, key: str, question: str, answer: str, vector: np.ndarray | None, now: float) -> int:
+    def insert(
+        self,
+        scope: str,
+        key: str,
+        question: str,
+        answer: str,
+        cut_at: int | None,
+        vector: np.ndarray | None,
+        now: float,
+    ) -> int:
         """The new row's id; a row of the same key goes in the same unit of work."""
         if self.db is None:
             return next(self._ids)
@@ -29,6 +38,7 @@ class CacheStore:
             key=key,
             question=question,
             answer=answer,
+            cut_at=cut_at,
             embedder=self.embedder_name,
             embedding=b"" if vector is None else vector.astype(np.float32).tobytes(),
             hits=0,
@@ -39,11 +49,14 @@ class CacheStore:
             repository.delete_key(key)
             return repository.add(row).id
 
-    def record_hit(self, entry_id: int, now: float) -> None:
+    def record_hits(self, hits: list[tuple[int, float]]) -> None:
+        """(entry id, when) of each hit, in one unit of work."""
         if self.db is None:
             return
         with self.db.session() as session:
-            CacheRepository(session).record_hit(entry_id, _datetime(now))
+            repository = CacheRepository(session)
+            for entry_id, now in hits:
+                repository.record_hit(entry_id, _datetime(now))
 
     def delete(self, entry_ids: list[int]) -> None:
         if self.db is None or not entry_ids:
@@ -78,7 +91,7 @@ def _vector_of(row: CacheEntry) -> np.ndarray | None:
 def _entry_of(row: CacheEntry) -> Entry:
     last_used = row.last_hit_at or row.created_at
     usage = Usage(created=row.created_at.timestamp(), last_used=last_used.timestamp(), hits=row.hits)
-    return Entry(row.id, row.scope, row.key, row.question, row.answer, usage)
+    return Entry(row.id, row.scope, row.key, row.question, row.answer, row.cut_at, usage)
 
 
 def _datetime(timestamp: float) -> datetime:

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 from cache.keys import Scope, l1_key, scope_key
 from cache.levels import CacheLevel
-from cache.response_cache import ResponseCache
+from cache.response_cache import CacheHit, ResponseCache
 from chat.compression import Compression, Compressor
 from chat.figures import ChatFigures, TurnCounter
 from chat.merging import RequestMerger
 from chat.reply import Reply
-from chat.sessions import Conversation, SessionState, SessionStore
-from chat.transcripts import Transcript, TranscriptIndex
-from chat.turns import InvalidMessage, Turn, TurnResult
+from chat.sessions import API_CHANNEL, Conversation, SessionState, SessionStore
+from chat.transcripts import Transcript
+from chat.turns import InvalidMessage, Turn, TurnResult, require_unicode
 from engine import ChatFormat, LLMEngine, SamplingParams, StreamDelta
 from settings import ContextSettings, GenerationSettings
 
@@ -66,12 +66,11 @@ class ChatManager:
         self.compressor = compressor
         self.merger = merger
         self.model_name = engine.model_name
-        self.sampling = SamplingParams(**generation.model_dump(exclude={"merge_requests"}))
+        self.sampling = SamplingParams(**generation.model_dump(exclude={"merge_requests", "max_reply_tokens"}))
         self.merge_requests = generation.merge_requests
         self.max_message_chars = max_message_chars
         self.max_prompt_tokens = context.max_prompt_tokens
         self._think_end = chat_format.think_end if context.enable_thinking else None
-        self._transcripts = TranscriptIndex()
         self._counter = TurnCounter()
         self._background: set[asyncio.Task[None]] = set()
         self._compressing_ahead: set[int] = set()  # ids of the sessions with a plan running
@@ -93,6 +92,7 @@ class ChatManager:
 
         `merge=False` when the caller asked for an independent random sample. `seed`: the earlier
         conversation a new session starts from (see `turn_for_transcript`)."""
+        require_unicode(text, "The message")
         text = text.strip()
         if not text:
             raise InvalidMessage("The message is empty: send some text.")
@@ -112,11 +112,9 @@ class ChatManager:
         """The whole conversation arrives with every call: the session whose messages are exactly
         the earlier ones continues; without one, a new session starts from the transcript."""
         transcript.validate()
-        earlier = transcript.earlier
-        chat_id = self._transcripts.take(earlier)
-        conversation = Conversation(channel="api", chat_id=chat_id or uuid.uuid4().hex)
-        seed = None if chat_id else earlier
-        return self.turn(conversation, transcript.messages[-1].content, params=params, merge=merge, seed=seed)
+        conversation = Conversation(channel=API_CHANNEL, chat_id=uuid.uuid4().hex)  # unless one continues
+        content = transcript.messages[-1].content
+        return self.turn(conversation, content, params=params, merge=merge, seed=transcript.earlier)
 
     async def _run(self, turn: Turn, request: _Request) -> TurnResult:
         started = time.perf_counter()
@@ -127,11 +125,10 @@ class ChatManager:
             turn.reply_complete()
             answer = (reply.text, self.chat_format.reply(reply.generated_ids))
             await self.sessions.save_turn(session, (request.text, request.user_ids), answer, compression)
-            if request.conversation.channel == "api":
-                self._transcripts.remember(session.system_prompt, session.transcript, request.conversation.chat_id)
-            # A reply cut at max_tokens is cached too: it is what this request gets from the model.
             if level is CacheLevel.MISS and reply.finish_reason in ("stop", "length"):
-                await self.cache.store(scope, request.text, reply.text)
+                # An answer cut at max_tokens is cached as cut: it serves requests for no more.
+                cut_at = request.params.max_tokens if reply.finish_reason == "length" else None
+                await self.cache.store(scope, request.text, reply.text, cut_at)
             if compression is not None:
                 self._compressed(session, num_tokens, compression)
             self._prepare_compression(session)
@@ -158,12 +155,11 @@ class ChatManager:
     ) -> tuple[Reply, CacheLevel, Compression | None]:
         """The reply, from the cache or the model, streamed to `turn` as it comes."""
         reply = Reply()
-        hit = await self.cache.lookup(scope, request.text)
+        hit = await self.cache.lookup(scope, request.text, request.params.max_tokens)
         if hit is not None:
             turn.cache_level = hit.level
-            reply.text, reply.generated_ids = hit.answer, self.chat_format.encode(hit.answer)
-            reply.first_text_at = time.perf_counter()
-            turn.emit(hit.answer)
+            self._served_from_cache(reply, hit, request.params.max_tokens)
+            turn.emit(reply.text)
             return reply, hit.level, None
         history, compression = session.history, None
         pending = len(request.user_ids) + len(self.chat_format.generation_prompt)
@@ -176,6 +172,18 @@ class ChatManager:
         async for piece in reply.visible(deltas, self._think_end):
             turn.emit(piece)
         return reply, level, compression
+
+    def _served_from_cache(self, reply: Reply, hit: CacheHit, max_tokens: int) -> None:
+        """A cached answer, cut to the request's max_tokens as the model would have cut it."""
+        answer, ids = hit.answer, self.chat_format.encode(hit.answer)
+        if hit.cut or len(ids) > max_tokens:
+            reply.finish_reason = "length"
+        if len(ids) > max_tokens:
+            ids = ids[:max_tokens]
+            # A cut inside a character's bytes decodes to U+FFFD: that character is not served.
+            answer = self.chat_format.decode(ids).rstrip("\ufffd")
+        reply.text, reply.generated_ids = answer, ids
+        reply.first_text_at = time.perf_counter()
 
     def _generate(
         self, scope: Scope, request: _Request, prompt_ids: list[int]
@@ -290,6 +298,7 @@ class ChatManager:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        await self.cache.close()
 
     # --- figures --------------------------------------------------------------------------------
 

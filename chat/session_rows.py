@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from sqlalchemy import select
+
 from storage import ChatSession, Database, Message, MessageRepository, SessionRepository
 
 
@@ -57,6 +59,18 @@ def context_of(row: ChatSession, messages: Sequence[Message]) -> list[Message]:
     by_seq = {message.seq: message for message in messages}
     kept = [by_seq[seq] for seq in row.context_seqs]
     return kept + [message for message in messages if message.seq > (row.compacted_through_seq or -1)]
+
+
+def chat_with_transcript(db: Database, digest: str) -> str | None:
+    """The chat of the active API session whose transcript has this digest (the most recently
+    active, should two clients have had the same conversation)."""
+    with db.session() as session:
+        return session.scalar(
+            select(ChatSession.chat_id)
+            .where(ChatSession.transcript_digest == digest, ChatSession.state == "active")
+            .order_by(ChatSession.last_active_at.desc())
+            .limit(1)
+        )
 
 
 def visible_messages(db: Database, key: str) -> list[tuple[str, str]]:

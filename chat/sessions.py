@@ -9,6 +9,8 @@ the database nor a history that disagrees with it.
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -21,10 +23,17 @@ from chat import session_rows
 from chat.compression import Compression
 from chat.history import Role, TokenHistory
 from chat.session_rows import SessionDetail, SessionPage
-from chat.transcripts import Transcript
+from chat.transcripts import Transcript, transcript_digest
 from engine import ChatFormat
 from settings import ContextSettings
 from storage import ChatRepository, Database, MessageRepository, SessionRepository
+
+# Conversations that arrive as whole transcripts (the OpenAI-compatible API): their sessions are
+# found by the transcript's digest.
+API_CHANNEL = "api"
+# Sessions kept in memory; the least recently used idle ones are reloaded from the database when
+# needed. A session with a full 6k-token context takes about 250 KB (a Python int a token).
+MAX_SESSIONS_IN_MEMORY = 1000
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,8 @@ class Conversation:
 
 @dataclass
 class SessionState:
-    """A session in memory. Everything but `lock` and `closed` changes only under `lock`."""
+    """A session in memory. Everything but `lock`, `closed` and `holders` changes only under `lock`.
+    `closed`: this is no longer the session's live copy (a reset, the idle job, evicted from memory)."""
 
     id: int
     key: str
@@ -50,8 +60,13 @@ class SessionState:
     next_turn: int
     compressions: int
     transcript: list[tuple[str, str]]  # (role, text) of every user and assistant message, for API matching
+    by_transcript: bool  # an API session: its transcript's digest is stored, to match the next request
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
+    holders: int = 0  # callers of SessionStore.locked() waiting for the lock or holding it
+
+    def transcript_digest(self) -> str:
+        return transcript_digest(self.system_prompt, self.transcript)
 
 
 @dataclass(frozen=True)
@@ -75,11 +90,14 @@ class SessionCounts:
 
 
 class SessionStore:
-    def __init__(self, db: Database, chat_format: ChatFormat, settings: ContextSettings) -> None:
+    def __init__(
+        self, db: Database, chat_format: ChatFormat, settings: ContextSettings, capacity: int = MAX_SESSIONS_IN_MEMORY
+    ) -> None:
         self.db = db
         self.chat_format = chat_format
         self.settings = settings
-        self._sessions: dict[str, SessionState] = {}
+        self.capacity = capacity
+        self._sessions: OrderedDict[str, SessionState] = OrderedDict()  # least recently used first
         self._loading = asyncio.Lock()
 
     def key(self, conversation: Conversation) -> str:
@@ -100,23 +118,54 @@ class SessionStore:
         key = self.key(conversation)
         state = self._sessions.get(key)
         if state is not None and not state.closed:
+            self._sessions.move_to_end(key)
             return state  # the common case waits for no other session's loading
         async with self._loading:
             state = self._sessions.get(key)
             if state is None or state.closed:
                 state = await asyncio.to_thread(self._load_or_create, key, conversation, seed)
                 self._sessions[key] = state
+                self._evict()
             return state
 
     @asynccontextmanager
     async def locked(self, conversation: Conversation, seed: Transcript | None = None) -> AsyncIterator[SessionState]:
-        """The active session, under its lock; if it closed while this waited (a reset), the new one."""
+        """The active session, under its lock; if it closed while this waited (a reset, an
+        eviction), the live one. With `seed` (an API client's conversation before its question):
+        the API session whose messages are exactly those if there is one, else a new session for
+        `conversation`, seeded from them."""
+        if seed is not None and seed.messages:  # a first question continues nothing
+            chat_id = await asyncio.to_thread(session_rows.chat_with_transcript, self.db, seed.digest())
+            conversation = Conversation(API_CHANNEL, chat_id) if chat_id is not None else conversation
         while True:
             state = await self.open(conversation, seed)
-            async with state.lock:
-                if not state.closed:
+            state.holders += 1
+            try:
+                async with state.lock:
+                    if state.closed:
+                        continue
+                    if seed is not None and state.transcript_digest() != seed.digest():
+                        # A request with the same transcript continued the session first: this one
+                        # is another branch of the conversation.
+                        conversation = Conversation(API_CHANNEL, uuid.uuid4().hex)
+                        continue
                     yield state
                     return
+            finally:
+                state.holders -= 1
+
+    def _evict(self) -> None:
+        """Past capacity, the least recently used sessions that no turn, reset or background
+        work holds leave memory; their next turn loads them again."""
+        excess = len(self._sessions) - self.capacity
+        for key, state in list(self._sessions.items()):
+            if excess <= 0:
+                return
+            if state.holders or state.lock.locked():
+                continue
+            del self._sessions[key]
+            state.closed = True  # background work holding it stops; its next turn loads it anew
+            excess -= 1
 
     async def save_turn(
         self,
@@ -128,13 +177,15 @@ class SessionStore:
         """The turn's two messages, after the compression it needed if any. Call under the lock."""
         summaries = compression.summaries if compression is not None else []
         user_seq = state.next_seq + len(summaries)
-        await asyncio.to_thread(self._write_turn, state, compression, user_seq, question, answer)
+        (question_text, question_ids), (answer_text, answer_ids) = question, answer
+        transcript = [*state.transcript, ("user", question_text), ("assistant", answer_text)]
+        digest = transcript_digest(state.system_prompt, transcript) if state.by_transcript else None
+        await asyncio.to_thread(self._write_turn, state, compression, user_seq, question, answer, digest)
         if compression is not None:
             self._apply(state, compression, compressed=True)
-        (question_text, question_ids), (answer_text, answer_ids) = question, answer
         state.history.append("user", question_ids, text=question_text, turn_index=state.next_turn, seq=user_seq)
         state.history.append("assistant", answer_ids, text=answer_text, turn_index=state.next_turn, seq=user_seq + 1)
-        state.transcript += [("user", question_text), ("assistant", answer_text)]
+        state.transcript = transcript
         state.next_seq = user_seq + 2
         state.next_turn += 1
 
@@ -222,6 +273,7 @@ class SessionStore:
                 row = sessions.create(key, chat_id=chat.id, system_prompt=system_prompt)
                 if seed is not None:
                     self._write_seed(MessageRepository(session), row.id, seed)
+                    row.transcript_digest = seed.digest()
             messages = MessageRepository(session).of_session(row.id)
             history = TokenHistory()
             if row.system_prompt:
@@ -244,6 +296,7 @@ class SessionStore:
                 next_turn=max((message.turn_index for message in messages), default=-1) + 1,
                 compressions=row.compressions,
                 transcript=[(m.role, m.text) for m in messages if m.role in ("user", "assistant")],
+                by_transcript=conversation.channel == API_CHANNEL,
             )
 
     def _write_seed(self, messages: MessageRepository, session_id: int, seed: Transcript) -> None:
@@ -263,6 +316,7 @@ class SessionStore:
         user_seq: int,
         question: tuple[str, list[int]],
         answer: tuple[str, list[int]],
+        transcript_digest: str | None,
     ) -> None:
         with self.db.session() as session:
             if compression is not None:
@@ -272,7 +326,12 @@ class SessionStore:
                 messages.add(
                     state.id, seq=user_seq + offset, turn_index=state.next_turn, role=role, text=text, token_ids=ids
                 )
-            SessionRepository(session).touch(state.id)
+            sessions = SessionRepository(session)
+            sessions.touch(state.id)
+            if transcript_digest is not None:
+                row = sessions.get(state.id)
+                assert row is not None
+                row.transcript_digest = transcript_digest
 
     def _write_context_alone(self, state: SessionState, compression: Compression, compressed: bool) -> None:
         with self.db.session() as session:

@@ -1,18 +1,16 @@
 """OpenAI semantics: a client sends the whole conversation with every call. The session whose
-messages are exactly the earlier ones continues, from its stored ids, so the prefix cache hits."""
+messages are exactly the earlier ones continues, from its stored ids, so the prefix cache hits.
+Sessions are found by the digest of their transcript, stored on the session's row
+(`SessionStore`), so a conversation resent after a restart continues its session too."""
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from chat.turns import InvalidMessage
-
-# Digests of API conversations kept to find their session again: 10,000 take about 1.5 MB.
-MAX_REMEMBERED_TRANSCRIPTS = 10_000
+from chat.turns import InvalidMessage, require_unicode
 
 
 @dataclass(frozen=True)
@@ -32,11 +30,13 @@ class Transcript:
     def validate(self) -> None:
         if not self.messages or self.messages[-1].role != "user":
             raise InvalidMessage("The last message must be the user's.")
+        require_unicode(self.system_prompt, "The system prompt")
         for index, message in enumerate(self.messages):
             if message.role != ("user" if index % 2 == 0 else "assistant"):
                 raise InvalidMessage(
                     "After an optional system message, messages must alternate user, assistant, user, ..."
                 )
+            require_unicode(message.content, f"Message {index}")
 
     @property
     def earlier(self) -> Transcript:
@@ -52,22 +52,3 @@ def transcript_digest(system_prompt: str, messages: Sequence[tuple[str, str]]) -
     for role, content in messages:
         digest.update(f"\x00{role}\x00{content.strip()}".encode())
     return digest.hexdigest()
-
-
-class TranscriptIndex:
-    """Which chat an API conversation continues: the digest of the transcript a session has
-    reached -> that session's chat id. Bounded: the oldest conversations are forgotten first."""
-
-    def __init__(self, capacity: int = MAX_REMEMBERED_TRANSCRIPTS) -> None:
-        self.capacity = capacity
-        self._chats: OrderedDict[str, str] = OrderedDict()
-
-    def take(self, transcript: Transcript) -> str | None:
-        """The chat whose session has exactly these messages; it leaves the index (the turn that
-        continues it remembers where it got to)."""
-        return self._chats.pop(transcript.digest(), None)
-
-    def remember(self, system_prompt: str, messages: Sequence[tuple[str, str]], chat_id: str) -> None:
-        self._chats[transcript_digest(system_prompt, messages)] = chat_id
-        while len(self._chats) > self.capacity:
-            self._chats.popitem(last=False)

@@ -17,6 +17,21 @@ class InvalidMessage(ValueError):
     """A message the bot will not take; the text is meant for the user."""
 
 
+def lone_surrogate_at(text: str) -> int | None:
+    """Where `text` holds a lone surrogate (JSON's "\\ud800" decodes to one), or None. Such text is
+    not Unicode: the tokenizer, the digests and the database all fail to encode it."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def require_unicode(text: str, what: str) -> None:
+    if (position := lone_surrogate_at(text)) is not None:
+        raise InvalidMessage(f"{what} is not valid Unicode (a lone surrogate at character {position}).")
+
+
 @dataclass(frozen=True)
 class TurnResult:
     reply: str

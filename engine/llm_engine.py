@@ -169,13 +169,15 @@ class LLMEngine:
     def is_running(self) -> bool:
         return self._thread.is_alive() and not self._stopped
 
-    def shutdown(self) -> None:
-        """Stops the loop; requests still in flight finish with finish_reason "abort"."""
+    def shutdown(self, timeout_s: float | None = None) -> bool:
+        """Stops the loop; requests still in flight finish with finish_reason "abort". Waits for
+        the step in progress at most `timeout_s` (None: for ever); False if it is still running."""
         with self._lock:
             self._stopped = True
             self._lock.notify()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     def _make_request(
         self,

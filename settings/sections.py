@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from engine import EngineConfig
 from engine.config import Device, DType
@@ -32,6 +33,9 @@ class ServerSettings(Section):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     shutdown_timeout_s: int = Field(10, ge=1, le=300)
+    keep_alive_timeout_s: int = Field(5, ge=1, le=300)
+    request_read_timeout_s: int = Field(10, ge=1, le=300)
+    max_header_bytes: int = Field(16_384, ge=1024, le=1_048_576)
 
 
 class StorageSettings(Section):
@@ -70,8 +74,11 @@ class EngineSettings(Section):
 
 
 class GenerationSettings(Section):
-    """The bot's sampling (SamplingParams' own defaults are greedy) and request merging."""
+    """The bot's sampling (SamplingParams' own defaults are greedy), the cap on any reply's length,
+    and request merging."""
 
+    # Declared before max_tokens, which is checked against it.
+    max_reply_tokens: int = Field(2048, ge=1)
     max_tokens: int = Field(512, ge=1)
     temperature: float = Field(0.7, ge=0, le=2)
     top_p: float = Field(0.8, gt=0, le=1)
@@ -81,6 +88,14 @@ class GenerationSettings(Section):
     max_top_k: int = Field(20, ge=1)
     confidence: float = Field(0.9, gt=0, le=1)
     merge_requests: bool = True
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _within_reply_cap(cls, max_tokens: int, info: ValidationInfo) -> int:
+        cap = info.data.get("max_reply_tokens")
+        if cap is not None and max_tokens > cap:
+            raise PydanticCustomError("over_cap", "expected at most generation.max_reply_tokens ({cap})", {"cap": cap})
+        return max_tokens
 
 
 class ContextSettings(Section):
@@ -128,19 +143,32 @@ class CacheSettings(Section):
     approx_index_min_entries: int = Field(20_000, ge=100)
     ivf_nprobe: int = Field(16, ge=1)
     latency_window: int = Field(2048, ge=1)
+    embed_batch_max: int = Field(64, ge=1, le=1024)
+    embed_batch_window_ms: float = Field(2.0, ge=0, le=100)
 
 
 class FeishuSettings(Section):
     mode: Literal["longconn", "webhook"] = "longconn"
     app_id: str = ""
     app_secret: str = ""
-    verification_token: str = ""
+    verification_token: str = Field("", validate_default=True)
     encrypt_key: str = ""
     domain: str = Field("https://open.feishu.cn", pattern=r"^https?://[^/\s]+$")
     max_event_age_s: int = Field(600, ge=10)
     dedup_ttl_s: int = Field(172_800, ge=86_400)
     stream_interval_ms: int = Field(300, ge=50, le=10_000)
     answer_at_all: bool = False
+
+    @field_validator("verification_token")
+    @classmethod
+    def _set_for_webhooks(cls, token: str, info: ValidationInfo) -> str:
+        # Without it (and no encrypt key) anyone who finds the URL could post events as Feishu.
+        webhook = info.data.get("mode") == "webhook" and info.data.get("app_id") and info.data.get("app_secret")
+        if webhook and not token:
+            raise PydanticCustomError(
+                "webhook_token", "required in webhook mode: the Verification Token of the app's event subscription"
+            )
+        return token
 
     @property
     def enabled(self) -> bool:
@@ -157,7 +185,9 @@ class AdminSettings(Section):
 class ApiSettings(Section):
     key: str = ""
     max_queued_requests: int = Field(256, ge=1)
-    chat_page: bool = True
+    chat_page: bool | Literal["auto"] = "auto"
+    chat_login_ttl_s: int = Field(604_800, ge=60)
+    docs: bool = False
 
 
 class Settings(Section):

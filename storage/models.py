@@ -102,6 +102,9 @@ class ChatSession(Base):
     context_seqs: Mapped[list[int] | None] = mapped_column(JSON)
     compacted_through_seq: Mapped[int | None] = mapped_column(Integer)
     compressions: Mapped[int] = mapped_column(Integer, default=0)
+    # An API session's transcript (system prompt, user and assistant texts), hashed: the next
+    # request of its client sends it again and is matched to this session by it.
+    transcript_digest: Mapped[str | None] = mapped_column(String(32), index=True)
 
     chat: Mapped[Chat | None] = relationship(back_populates="sessions")
     messages: Mapped[list[Message]] = relationship(
@@ -128,13 +131,20 @@ class Message(Base):
 
 
 class ProcessedEvent(Base):
-    """A dedup key (Feishu message_id / event_id) seen before; kept until it expires."""
+    """A dedup key (Feishu message_id / event_id) seen before; kept until it expires.
+
+    A claim is finished once its reply has been shown; an unfinished one is answered again after
+    a restart, once (`resumed_at`)."""
 
     __tablename__ = "processed_events"
 
     key: Mapped[str] = mapped_column(String(256), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    # A message fetched again through the Open API does not say which kind of chat it is in.
+    chat_type: Mapped[str | None] = mapped_column(String(16))
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    resumed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class CacheEntry(Base):
@@ -147,6 +157,9 @@ class CacheEntry(Base):
     key: Mapped[str] = mapped_column(String(64), unique=True)
     question: Mapped[str] = mapped_column(Text)
     answer: Mapped[str] = mapped_column(Text)
+    # The max_tokens the model's answer was cut at; NULL: the model ended it. A cut answer serves
+    # only requests that ask for no more tokens.
+    cut_at: Mapped[int | None] = mapped_column(Integer)
     embedder: Mapped[str] = mapped_column(String(256))
     embedding: Mapped[bytes] = mapped_column(LargeBinary)  # float32, native byte order
     hits: Mapped[int] = mapped_column(Integer, default=0)

@@ -113,8 +113,9 @@ class EventRepository:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def claim(self, key: str, ttl: timedelta, now: datetime | None = None) -> bool:
-        """Record `key` as processed. False if it was already claimed and has not expired.
+    def claim(self, key: str, ttl: timedelta, now: datetime | None = None, *, chat_type: str | None = None) -> bool:
+        """Record `key` as processed, its reply not yet finished. False if it was already claimed
+        and has not expired.
 
         The primary key makes this safe across replicas sharing one database: of two inserts of
         the same key, exactly one succeeds."""
@@ -123,14 +124,43 @@ class EventRepository:
         if existing is not None:
             if existing.expires_at > now:
                 return False
-            existing.created_at, existing.expires_at = now, now + ttl
+            existing.created_at, existing.expires_at, existing.chat_type = now, now + ttl, chat_type
+            existing.finished_at = existing.resumed_at = None
             return True
         try:
             with self.session.begin_nested():
-                self.session.add(ProcessedEvent(key=key, created_at=now, expires_at=now + ttl))
+                self.session.add(ProcessedEvent(key=key, created_at=now, expires_at=now + ttl, chat_type=chat_type))
         except IntegrityError:
             return False
         return True
+
+    def finish(self, key: str, now: datetime | None = None) -> None:
+        """The claim's reply has been shown (an answer or an error line): it is not answered again."""
+        self.session.execute(
+            update(ProcessedEvent).where(ProcessedEvent.key == key).values(finished_at=now or utcnow())
+        )
+
+    def resume_unfinished(self, prefix: str, since: datetime, now: datetime | None = None) -> list[ProcessedEvent]:
+        """Take the unfinished claims under `prefix` made since `since` that nobody resumed yet,
+        oldest first, to answer them again.
+
+        One UPDATE both finds and marks them, so of replicas starting together each claim goes to
+        exactly one (a SELECT first would let two read it before either wrote)."""
+        now = now or utcnow()
+        taken = self.session.scalars(
+            update(ProcessedEvent)
+            .where(
+                ProcessedEvent.key.startswith(prefix, autoescape=True),
+                ProcessedEvent.created_at >= since,
+                ProcessedEvent.expires_at > now,
+                ProcessedEvent.finished_at.is_(None),
+                ProcessedEvent.resumed_at.is_(None),
+            )
+            .values(resumed_at=now)
+            .returning(ProcessedEvent)
+            .execution_options(synchronize_session=False)
+        ).all()
+        return sorted(taken, key=lambda claim: claim.created_at)
 
     def purge_expired(self, now: datetime | None = None) -> int:
         result = self.session.execute(delete(ProcessedEvent).where(ProcessedEvent.expires_at <= (now or utcnow())))

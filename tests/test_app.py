@@ -4,6 +4,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -121,3 +123,68 @@ def test_readyz_is_503_when_the_database_is_unreachable(tmp_path: Path) -> None:
         ready = client.get("/readyz")
     assert ready.status_code == 503
     assert ready.json() == {"status": "not ready", "checks": {"database": False, "model": True}}
+
+
+def _until_running(app: AppProcess, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while (
+        f'clawdbot_engine_requests{{state="running"}} {float(count)}' not in httpx.get(f"{app.base_url}/metrics").text
+    ):
+        assert time.monotonic() < deadline, "no request started running"
+        time.sleep(0.05)
+
+
+def test_a_stop_during_a_long_generation_exits_within_the_shutdown_timeout(tmp_path: Path) -> None:
+    app = AppProcess(tmp_path, free_port(), {"server": {"shutdown_timeout_s": 2}}).start()
+    answers: list[int] = []
+    body = {
+        "model": "builtin:tiny-qwen3",
+        "max_tokens": 2000,
+        "messages": [{"role": "user", "content": "A long story"}],
+    }
+
+    def waiting_client() -> None:  # still connected when the stop comes: 2000 tokens take over a minute here
+        answers.append(httpx.post(f"{app.base_url}/v1/chat/completions", json=body, timeout=120).status_code)
+
+    client = threading.Thread(target=waiting_client)
+    client.start()
+    try:
+        _until_running(app, 1)
+    finally:
+        code, seconds = app.stop(signal.SIGTERM)
+        client.join()
+    assert code == 0, app.log()
+    assert seconds < 2 + 5
+    assert "stopped cleanly" in app.log()
+
+
+def test_shutdown_does_not_wait_for_an_engine_step_that_will_not_end(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from engine import SamplingParams
+    from settings import Settings
+    from wiring import ENGINE_STOP_TIMEOUT_S, build_app
+
+    settings = Settings.model_validate(
+        {
+            "storage": {"url": f"sqlite:///{tmp_path / 'bot.db'}"},
+            "engine": {"model": "builtin:tiny-qwen3", "data_dir": str(SHARED_DATA_DIR)},
+        }
+    )
+    app = build_app(settings)
+    in_step, release = threading.Event(), threading.Event()
+
+    def slow_output(*_: object) -> None:  # runs on the engine thread, inside its step: a step that takes long
+        in_step.set()
+        release.wait(60)
+
+    engine = app.state.chat_manager.engine
+    try:
+        with TestClient(app):
+            engine.add_request([1, 2, 3], SamplingParams(max_tokens=4), callback=slow_output)
+            assert in_step.wait(30)
+            started = time.monotonic()
+        assert time.monotonic() - started < ENGINE_STOP_TIMEOUT_S + 3
+        assert not engine.is_running()
+    finally:
+        release.set()

@@ -39,3 +39,16 @@ def test_claims_bench() -> None:
     figures = run_bench("claims_bench.py", "--quick", "--data-dir", str(SHARED_DATA_DIR))
     assert figures["input_tokens_change"] < 0  # compression shortened the prompt
     assert 0 < figures["kv_unused_paged"] < figures["kv_unused_contiguous"]
+
+
+def test_overload_bench() -> None:
+    figures = run_bench(
+        "overload.py",
+        *("--concurrency", "12", "--max-queued", "2", "--max-num-seqs", "2", "--max-tokens", "64"),
+        *("--data-dir", str(SHARED_DATA_DIR)),
+    )
+    assert sum(figures["statuses"].values()) == 12
+    assert figures["status_429"] > 0 and figures["status_429_with_retry_after"] == figures["status_429"]
+    assert figures["over_cap_other"] == 0
+    assert figures["drained_s"] is not None
+    assert figures["after"]["kv_blocks_used"] == 0 and figures["after"]["running"] == figures["after"]["waiting"] == 0

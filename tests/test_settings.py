@@ -51,6 +51,14 @@ def test_every_setting_is_in_config_yaml_with_a_comment() -> None:
         ("serve:\n  port: 1\n", "config.yaml: serve: unknown key"),
         ("logging:\n  level: LOUD\n", "config.yaml: logging.level: expected one of"),
         ("storage:\n  echo_sql: maybe\n", "config.yaml: storage.echo_sql: expected true or false"),
+        (
+            "generation:\n  max_tokens: 4096\n",
+            "config.yaml: generation.max_tokens: expected at most generation.max_reply_tokens (2048), got 4096",
+        ),
+        (
+            "feishu:\n  mode: webhook\n  app_id: cli_1\n  app_secret: s\n",
+            "config.yaml: feishu.verification_token: required in webhook mode",
+        ),
         ("server: [1\n", "config.yaml: not valid YAML"),
         ("- a\n- b\n", "config.yaml: expected a mapping"),
     ],

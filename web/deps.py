@@ -8,7 +8,7 @@ from fastapi import Depends, Request
 
 from chat import ChatManager, SessionStore
 from settings import Settings
-from web.limits import RateLimiter
+from web.limits import LoginThrottle, RateLimiter
 from web.monitor import Monitor
 from web.telemetry import Telemetry
 
@@ -32,6 +32,11 @@ def _rate_limiter(request: Request) -> RateLimiter:
     return rate_limiter
 
 
+def _login_throttle(request: Request) -> LoginThrottle:
+    login_throttle: LoginThrottle = request.app.state.login_throttle
+    return login_throttle
+
+
 def _telemetry(request: Request) -> Telemetry:
     telemetry: Telemetry = request.app.state.telemetry
     return telemetry
@@ -46,5 +51,6 @@ ChatManagerDep = Annotated[ChatManager, Depends(_chat_manager)]
 SessionsDep = Annotated[SessionStore, Depends(_sessions)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 RateLimiterDep = Annotated[RateLimiter, Depends(_rate_limiter)]
+LoginThrottleDep = Annotated[LoginThrottle, Depends(_login_throttle)]
 TelemetryDep = Annotated[Telemetry, Depends(_telemetry)]
 MonitorDep = Annotated[Monitor, Depends(_monitor)]

@@ -43,11 +43,14 @@ class WebError(Exception):
 
 
 def invalid_body(exc: RequestValidationError) -> WebError:
-    """400 naming the first offending field the way OpenAI does (`messages[1].role`)."""
-    error = exc.errors()[0]
+    """400 naming the offending field the way OpenAI does (`messages[1].role`)."""
+    # A value that fits no member of a union (`str | list[TextPart]`) has an error per member; the
+    # member that got deepest says what is wrong (a list's bad item, not "expected a string").
+    error = max(exc.errors(), key=lambda error: len(error["loc"]))
     if error["type"] == "json_invalid":
         return WebError(400, "The request body is not valid JSON.", code="invalid_json")
-    location = [part for part in error["loc"] if part != "body"]
+    # A union's members name themselves in the location (`list[TextPart]`): they are not fields.
+    location = [part for part in error["loc"] if part != "body" and not (isinstance(part, str) and "[" in part)]
     param = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in location).lstrip(".")
     if not param:
         return WebError(400, f"The request body is invalid: {error['msg']}.")

@@ -6,8 +6,10 @@ Every completion carries `X-Cache-Status: miss | exact | semantic | merged` and 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -20,7 +22,7 @@ from fastapi.responses import StreamingResponse
 from cache.levels import CacheLevel
 from chat import ChatMessage, InvalidMessage, Transcript, Turn, TurnResult
 from engine import SamplingParams
-from settings import LimitsSettings
+from settings import GenerationSettings, LimitsSettings
 from web.admission import admit
 from web.deps import ChatManagerDep, RateLimiterDep, SettingsDep
 from web.errors import WebError, WebErrorRoute
@@ -40,6 +42,8 @@ from web.openai_schemas import (
     RequestMessage,
     Usage,
 )
+
+log = logging.getLogger(__name__)
 
 SYSTEM_ROLES = ("system", "developer")
 
@@ -78,7 +82,7 @@ async def create_chat_completion(
     settings: SettingsDep,
     rate_limiter: RateLimiterDep,
 ) -> ChatCompletion | StreamingResponse:
-    rate_limiter.check(body.user or (request.client.host if request.client else "unknown"))
+    rate_limiter.check_client(request, settings.api.key)
     model = chat_manager.model_name
     if body.model != model:
         raise WebError(
@@ -88,7 +92,7 @@ async def create_chat_completion(
             code="model_not_found",
         )
     transcript = _transcript(body.messages, settings.limits, settings.context.system_prompt)
-    params = _sampling(body, chat_manager.sampling)
+    params = _sampling(body, chat_manager.sampling, settings.generation)
     # Independent random samples must not share one generation.
     merge = not (body.temperature and body.seed is None)
     try:
@@ -115,7 +119,7 @@ async def create_chat_completion(
         )
 
     try:
-        result = await turn.collect()
+        result = await _collect(turn, request)
     except (ValueError, RuntimeError) as exc:
         raise _turn_failed(exc) from exc
     response.headers["X-Cache-Status"] = result.cache_level
@@ -190,7 +194,39 @@ def _transcript(messages: Sequence[RequestMessage], limits: LimitsSettings, defa
     return Transcript(system_prompt, tuple(conversation))
 
 
-def _sampling(body: ChatCompletionRequest, defaults: SamplingParams) -> SamplingParams:
+async def _collect(turn: Turn, request: Request) -> TurnResult:
+    """The whole reply. A client that disconnects first aborts the turn, as a closed stream does:
+    nothing is stored, and the engine stops generating for no one."""
+    collecting = asyncio.ensure_future(turn.collect())
+    leaving = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait((collecting, leaving), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        collecting.cancel()  # nothing once the reply is complete: the turn is stored regardless
+        leaving.cancel()
+    if collecting in done:
+        return collecting.result()
+    log.info("a client disconnected before its reply was complete; the turn is aborted")
+    # 499 (nginx's "client closed request"): no one reads it, but the request metrics count it.
+    raise WebError(499, "The client closed the connection before the reply was complete.", code="client_disconnected")
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects; the body is read by now, so that is all that comes."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _sampling(body: ChatCompletionRequest, defaults: SamplingParams, generation: GenerationSettings) -> SamplingParams:
+    cap = generation.max_reply_tokens
+    for field, value in (("max_completion_tokens", body.max_completion_tokens), ("max_tokens", body.max_tokens)):
+        if value is not None and value > cap:
+            raise WebError(
+                400,
+                f"'{field}' is {value}; this server allows at most {cap} tokens in a reply.",
+                param=field,
+                code="max_tokens_too_large",
+            )
     requested: dict[str, Any] = {
         "temperature": body.temperature,
         "top_p": body.top_p,

@@ -4,23 +4,38 @@ Unknown request fields are ignored, as OpenAI-compatible servers do: SDKs send m
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic_core import PydanticCustomError
+
+from chat.turns import lone_surrogate_at
 
 Role = Literal["system", "developer", "user", "assistant"]
 FinishReason = Literal["stop", "length"]
 
 
+def _unicode(text: str) -> str:
+    if (position := lone_surrogate_at(text)) is not None:
+        raise PydanticCustomError(
+            "invalid_unicode", "not valid Unicode: a lone surrogate at character {position}", {"position": position}
+        )
+    return text
+
+
+# Every string a client sends: JSON's "\ud800" decodes to a lone surrogate, which no encoder takes.
+ClientStr = Annotated[str, AfterValidator(_unicode)]
+
+
 class TextPart(BaseModel):
     type: Literal["text"]
-    text: str
+    text: ClientStr
 
 
 class RequestMessage(BaseModel):
     role: Role
-    content: str | list[TextPart]
-    name: str | None = None
+    content: ClientStr | list[TextPart]
+    name: ClientStr | None = None
 
     @property
     def text(self) -> str:
@@ -36,7 +51,7 @@ class StreamOptions(BaseModel):
 class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    model: str
+    model: ClientStr
     messages: list[RequestMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -44,9 +59,9 @@ class ChatCompletionRequest(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
+    stop: ClientStr | list[ClientStr] | None = None
     seed: int | None = None
-    user: str | None = Field(None, max_length=256)
+    user: ClientStr | None = Field(None, max_length=256)
     n: Literal[1] = 1
 
 

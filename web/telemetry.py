@@ -19,6 +19,9 @@ from chat import ChatManager, Conversation, TurnResult
 
 TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TOKEN_BUCKETS = (1, 8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+# Any token is a valid HTTP method: counting each as its own label grew one counter from 4 to 305
+# series in 300 requests. Methods outside RFC 9110's and PATCH are counted as "other".
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"})
 
 
 class Telemetry:
@@ -110,7 +113,8 @@ class ChatManagerCollector(Collector):
 
 
 class RequestMetrics:
-    """Counts every HTTP request by its route template (not the raw path: bounded label values)."""
+    """Counts every HTTP request by its route template (not the raw path) and method, unknown ones
+    bucketed, so the label values are bounded whatever clients send."""
 
     def __init__(self, app: ASGIApp, telemetry: Telemetry) -> None:
         self.app = app
@@ -133,4 +137,5 @@ class RequestMetrics:
         finally:
             route = scope.get("route")
             path = getattr(route, "path", "unmatched")
-            self.telemetry.requests.labels(path, scope["method"], str(status)).inc()
+            method = scope["method"] if scope["method"] in METHODS else "other"
+            self.telemetry.requests.labels(path, method, str(status)).inc()

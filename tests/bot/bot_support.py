@@ -35,7 +35,14 @@ class AppServer:
         self._thread = threading.Thread(target=self._server.run, name="app-under-test", daemon=True)
 
     def start(self) -> AppServer:
+        self.launch()
+        return self.started()
+
+    def launch(self) -> None:
+        """Start serving without waiting: for apps that start together."""
         self._thread.start()
+
+    def started(self) -> AppServer:
         wait_for(lambda: self._server.started or not self._thread.is_alive(), 120, what="the app to start")
         assert self._server.started, "the app did not start"
         return self

@@ -22,3 +22,4 @@ def _switches_off(fake: FakeFeishu) -> Iterator[None]:
     yield
     fake.refuse_cardkit = False
     fake.rate_limit(0)
+    fake.fail("", 0)

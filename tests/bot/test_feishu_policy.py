@@ -12,9 +12,11 @@ import pytest
 from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
 
 from bot.commands import Command, parse_command
-from bot.policy import EventPolicy
+from bot.feishu_api import FeishuApi
+from bot.policy import EventPolicy, fetched_event
 from storage import Database
 from tests.fakes.events import BOT_OPEN_ID, bot_mention, mention, message_event
+from tests.fakes.feishu import FakeFeishu
 
 
 @pytest.fixture
@@ -98,6 +100,35 @@ def test_other_message_types_are_admitted_without_text(policy: EventPolicy) -> N
     message = policy.admit(decoded(message_type="image", content={"image_key": "img_1"}))
 
     assert message is not None and message.text is None
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param(
+            {
+                "text": "@_user_1 ask @_user_2",
+                "chat_type": "group",
+                "mentions": [bot_mention(1), mention(2, "ou_a", "A")],
+            },
+            id="group text with mentions",
+        ),
+        pytest.param({"text": "in a thread", "thread_id": "omt_1"}, id="private, in a thread"),
+        pytest.param({"message_type": "image", "content": {"image_key": "img_1"}}, id="an image"),
+    ],
+)
+async def test_a_message_fetched_again_reads_as_the_event_it_came_in(
+    policy: EventPolicy, fake: FakeFeishu, fields: dict[str, Any]
+) -> None:
+    event = message_event(chat_id="oc_fetched", **fields)
+    fake.remember(event)
+    api = FeishuApi.connect("cli_policy_fetch", "secret", fake.domain)
+
+    fetched = await api.message(event["event"]["message"]["message_id"])
+
+    delivered = policy.admit(lark.JSON.unmarshal(json.dumps(event), P2ImMessageReceiveV1))
+    assert delivered is not None
+    assert policy.admit(fetched_event(fetched, event["event"]["message"]["chat_type"])) == delivered
 
 
 async def test_a_message_is_claimed_once(policy: EventPolicy) -> None:

@@ -1,8 +1,10 @@
-"""Streamed replies against the fake Feishu: splitting, the patch fallback, the error footer."""
+"""Streamed replies against the fake Feishu: splitting, the patch fallback, the error footer, resuming."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -96,3 +98,50 @@ async def test_rate_limits_are_waited_out_and_others_fail_loudly(api: FeishuApi,
 
     with pytest.raises(FeishuApiError, match="code 230011"):
         await api.patch_card("om_no_such_message", {"schema": "2.0", "body": {"elements": []}})
+
+
+async def test_a_failed_card_update_finishes_the_card_with_the_error_footer(api: FeishuApi, fake: FakeFeishu) -> None:
+    fake.fail("/elements/answer/content")
+    message_id = new_message_id()
+
+    await Replier(api, interval_s=0.0).stream(message_id, words("so far so good"), in_thread=False)
+
+    (reply,) = fake.replies_to(message_id)
+    assert fake.text_of(reply) == "so" + ERROR_FOOTER
+    assert not fake.card_of(reply).streaming
+
+
+async def test_a_cancelled_answer_finishes_the_card_with_the_error_footer(api: FeishuApi, fake: FakeFeishu) -> None:
+    message_id = new_message_id()
+
+    async def stalled() -> AsyncIterator[str]:
+        yield "Thinking hard"
+        await asyncio.Event().wait()  # the engine never produces another token
+        yield "never"
+
+    answering = asyncio.create_task(Replier(api, interval_s=0.0).stream(message_id, stalled(), in_thread=False))
+    deadline = time.monotonic() + 15
+    while not (fake.replies_to(message_id) and fake.text_of(fake.replies_to(message_id)[0]) == "Thinking hard"):
+        assert not answering.done() and time.monotonic() < deadline, "the card never showed the first words"
+        await asyncio.sleep(0.01)
+    answering.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await answering
+
+    (reply,) = fake.replies_to(message_id)
+    assert fake.text_of(reply) == "Thinking hard" + ERROR_FOOTER
+    assert not fake.card_of(reply).streaming
+
+
+async def test_a_resumed_answer_gets_a_card_of_its_own(api: FeishuApi, fake: FakeFeishu) -> None:
+    message_id = new_message_id()
+    fake.fail("/settings", times=2)  # the card can be neither finished nor given its error line
+    with pytest.raises(FeishuApiError):
+        await Replier(api, interval_s=0.0).stream(message_id, words("lost"), in_thread=False)
+
+    await Replier(api, interval_s=0.0).stream(message_id, words("found again"), in_thread=False, resumed=True)
+
+    stuck, resumed = fake.replies_to(message_id)
+    assert fake.card_of(stuck).streaming
+    assert fake.text_of(resumed) == "found again"
+    assert not fake.card_of(resumed).streaming

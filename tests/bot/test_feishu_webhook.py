@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import TypedDict, Unpack
 
@@ -11,8 +15,9 @@ import httpx
 import pytest
 
 from settings import Settings
+from storage import Database, EventRepository, ProcessedEvent, utcnow
 from tests.bot.bot_support import AppServer, app_settings, final_text
-from tests.fakes.events import encrypt, message_event, url_verification
+from tests.fakes.events import encrypt, message_event, seal, signature_headers, url_verification
 from tests.fakes.feishu import FakeFeishu, wait_for
 
 ENCRYPT_KEY = "test-encrypt-key"
@@ -63,6 +68,87 @@ def test_the_url_verification_challenge_is_answered(app: AppServer) -> None:
     assert response.json() == {"challenge": "challenge-42"}
 
 
+def test_a_challenge_is_answered_as_json_whatever_it_holds(app: AppServer) -> None:
+    challenge = 'a "quoted" \\ back\\slash </script>\n'
+    body = encrypt(url_verification(TOKEN, challenge), ENCRYPT_KEY)
+    response = httpx.post(f"{app.base_url}/feishu/events", content=body, headers={"Content-Type": "application/json"})
+
+    assert response.status_code == 200
+    assert response.json() == {"challenge": challenge}
+
+
+def forgery(kind: str) -> tuple[bytes, dict[str, str]]:
+    """A request body and headers that must be refused, by what is wrong with them."""
+    plain = {"Content-Type": "application/json"}
+    event = encrypt(message_event(chat_id="oc_forged", text="hi", token=TOKEN), ENCRYPT_KEY)
+    match kind:
+        case "unsigned, not JSON":
+            return b"{not json", plain
+        case "unsigned, bad base64":
+            return json.dumps({"encrypt": "%%not base64%%"}).encode(), plain
+        case "unsigned, bad padding":
+            return seal(os.urandom(31) + b"\x00", ENCRYPT_KEY), plain
+        case "unsigned, valid padding, not JSON":
+            return seal(b"\xff" * 31 + b"\x01", ENCRYPT_KEY), plain
+        case "unsigned, a genuine event":
+            return event, plain
+        case "unsigned, a challenge with another token":
+            return encrypt(url_verification("not-the-token"), ENCRYPT_KEY), plain
+        case "forged signature":
+            return event, signature_headers(event, ENCRYPT_KEY) | {"X-Lark-Signature": "0" * 64}
+        case "timestamp in superscript digits":
+            return event, signature_headers(event, ENCRYPT_KEY) | {"X-Lark-Request-Timestamp": "²"}
+        case "timestamp of 5,000 digits":
+            return event, signature_headers(event, ENCRYPT_KEY, timestamp="9" * 5000)
+    raise AssertionError(kind)
+
+
+FORGERIES = [
+    "unsigned, not JSON",
+    "unsigned, bad base64",
+    "unsigned, bad padding",
+    "unsigned, valid padding, not JSON",
+    "unsigned, a genuine event",
+    "unsigned, a challenge with another token",
+    "forged signature",
+    "timestamp in superscript digits",
+    "timestamp of 5,000 digits",
+]
+
+
+def test_every_refusal_is_answered_alike_and_logged_in_one_line_without_a_traceback(
+    app: AppServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    answers = {}
+    for kind in FORGERIES:
+        body, headers = forgery(kind)
+        caplog.clear()
+        # Latin-1, as servers decode header bytes: "²" arrives as "²", which str.isdigit() accepts.
+        raw_headers = {name.encode(): value.encode("latin-1") for name, value in headers.items()}
+        response = httpx.post(f"{app.base_url}/feishu/events", content=body, headers=raw_headers)
+
+        answers[kind] = (response.status_code, response.content)
+        assert len([r for r in caplog.records if "feishu webhook: refused" in r.getMessage()]) == 1, kind
+        assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()], kind
+
+    assert set(answers.values()) == {(401, b'{"msg":"unauthorized"}')}, answers
+
+
+def test_an_authentic_event_the_bot_does_not_handle_gets_a_generic_answer(
+    app: AppServer, fake: FakeFeishu, caplog: pytest.LogCaptureFixture
+) -> None:
+    event = message_event(chat_id="oc_other_events", token=TOKEN)
+    event["header"]["event_type"] = "im.chat.disbanded_v1"
+
+    response = fake.post_event(f"{app.base_url}/feishu/events", event, encrypt_key=ENCRYPT_KEY)
+
+    assert response.status_code == 400
+    assert response.json() == {"msg": "event not handled"}  # not the SDK's words
+    assert "feishu webhook: event not handled" in caplog.text
+    assert not [r for r in caplog.records if r.exc_info]
+
+
 def test_an_encrypted_signed_event_is_accepted_at_once_and_answered(app: AppServer, fake: FakeFeishu) -> None:
     started = time.monotonic()
     response, message_id = deliver(fake, app, "oc_webhook")
@@ -110,3 +196,73 @@ def test_a_redelivery_after_a_restart_is_not_answered_again(tmp_path: Path, fake
     finally:
         app.stop()
     assert len(fake.replies_to(message_id)) == 1
+
+
+def test_a_message_left_unanswered_is_answered_once_by_one_of_two_apps_started_after(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    settings = webhook_settings(tmp_path, fake)
+    app = start(settings, fake)
+    try:
+        # The reply to `lost` fails: no card is shown and its claim is left unfinished.
+        lost = message_event(chat_id="oc_lost", text="Did you get this?", token=TOKEN)
+        lost_id = lost["event"]["message"]["message_id"]
+        fake.fail(f"/messages/{lost_id}/reply")
+        assert fake.post_event(f"{app.base_url}/feishu/events", lost, encrypt_key=ENCRYPT_KEY).status_code == 200
+        answered_response, answered_id = deliver(fake, app, "oc_lost", "And this?")
+        assert answered_response.status_code == 200
+        final_text(fake, answered_id)  # one lane per chat: `lost` has been handled
+    finally:
+        app.stop()
+    assert fake.replies_to(lost_id) == []
+    old = message_event(chat_id="oc_lost", text="From long ago", token=TOKEN, created_at=time.time() - 700)
+    old_id = old["event"]["message"]["message_id"]
+    fake.remember(old)
+    database = Database(str(settings.storage.url))
+    with database.session() as session:
+        EventRepository(session).claim(f"feishu:message:{old_id}", timedelta(days=2), utcnow() - timedelta(seconds=700))
+
+    apps = [AppServer(webhook_settings(tmp_path, fake)) for _ in range(2)]  # the same database
+    for replica in apps:
+        replica.launch()
+    try:
+        for replica in apps:
+            replica.started()  # each has taken its share of the unfinished claims
+        assert final_text(fake, lost_id) == apps[0].assistant_texts()[-1]
+        wait_for(lambda: claim(database, lost_id).finished_at, what="the claim to be finished")
+    finally:
+        for replica in apps:
+            replica.stop()
+
+    assert len(fake.replies_to(lost_id)) == 1
+    assert len([c for c in fake.calls if c.method == "GET" and c.path.endswith(lost_id)]) == 1
+    assert len(fake.replies_to(answered_id)) == 1 and claim(database, answered_id).resumed_at is None
+    assert fake.replies_to(old_id) == [] and claim(database, old_id).resumed_at is None
+    database.close()
+
+
+def claim(database: Database, message_id: str) -> ProcessedEvent:
+    with database.session() as session:
+        found = session.get(ProcessedEvent, f"feishu:message:{message_id}")
+        assert found is not None
+        return found
+
+
+def test_without_an_encrypt_key_the_verification_token_decides(tmp_path: Path, fake: FakeFeishu) -> None:
+    app = start(app_settings(tmp_path, fake, mode="webhook", verification_token=TOKEN), fake)
+    try:
+        forged = message_event(chat_id="oc_plain", text="Let me in", token="guessed")
+        genuine = message_event(chat_id="oc_plain", text="Hello in plain JSON", token=TOKEN)
+        for event in (forged, genuine):
+            fake.remember(event)
+        url = f"{app.base_url}/feishu/events"
+
+        refused = httpx.post(url, json=forged)
+        accepted = httpx.post(url, json=genuine)
+
+        assert (refused.status_code, refused.json()) == (401, {"msg": "unauthorized"})
+        assert accepted.status_code == 200
+        final_text(fake, genuine["event"]["message"]["message_id"])
+        assert fake.replies_to(forged["event"]["message"]["message_id"]) == []
+    finally:
+        app.stop()

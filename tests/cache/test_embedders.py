@@ -1,7 +1,26 @@
+import asyncio
+import threading
+
 import numpy as np
 import pytest
 
-from cache.embeddings import CachedEmbedder, Embedder
+from cache.embeddings import BatchingEmbedder, CachedEmbedder, Embedder
+
+
+class Counting:
+    """The real embedder, noting what each forward is asked; with `gate`, a forward waits for it."""
+
+    def __init__(self, embedder: Embedder, gate: threading.Event | None = None) -> None:
+        self.embedder = embedder
+        self.name, self.dim = embedder.name, embedder.dim
+        self.gate = gate
+        self.asked: list[list[str]] = []
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        self.asked.append(list(texts))
+        if self.gate is not None:
+            self.gate.wait()
+        return self.embedder.encode(texts)
 
 
 @pytest.mark.parametrize("name", ["embedder", "minilm"])
@@ -21,18 +40,9 @@ def test_e5_separates_chinese_paraphrases_from_unrelated_questions(embedder: Emb
 
 
 def test_cached_embedder_embeds_a_text_once_and_keeps_the_newest(embedder: Embedder) -> None:
-    asked: list[list[str]] = []
-
-    class Counting:
-        """The real embedder, noting what it is asked."""
-
-        name, dim = embedder.name, embedder.dim
-
-        def encode(self, texts: list[str]) -> np.ndarray:
-            asked.append(list(texts))
-            return embedder.encode(texts)
-
-    cached = CachedEmbedder(Counting(), capacity=2)
+    counting = Counting(embedder)
+    asked = counting.asked
+    cached = CachedEmbedder(counting, capacity=2)
     vectors = cached.encode(["年假怎么申请", "VPN 连不上", "年假怎么申请"])
     assert asked == [["年假怎么申请", "VPN 连不上"]]
     assert np.allclose(vectors, embedder.encode(["年假怎么申请", "VPN 连不上", "年假怎么申请"]), atol=1e-6)
@@ -40,3 +50,50 @@ def test_cached_embedder_embeds_a_text_once_and_keeps_the_newest(embedder: Embed
     assert asked[-1] == ["打印机怎么连接"]  # the two newest stay: the first question left
     cached.encode(["年假怎么申请"])
     assert asked[-1] == ["年假怎么申请"]
+
+
+async def test_concurrent_callers_share_forwards_and_each_gets_its_row(embedder: Embedder) -> None:
+    counting = Counting(embedder)
+    batching = BatchingEmbedder(counting, max_batch=8, window_s=0.002)
+    texts = [f"How do I configure service number {i}?" for i in range(20)]
+    vectors = await asyncio.gather(*(batching.embed(text) for text in [*texts, *texts[:5]]))
+    assert [len(forward) for forward in counting.asked] == [8, 8, 4]  # 25 callers, 20 texts, 3 forwards
+    assert batching.forwards == 3 and batching.texts == 20
+    assert np.allclose(np.stack(vectors), embedder.encode([*texts, *texts[:5]]), atol=1e-5)
+
+
+async def test_lookups_fill_a_batch_before_stores(embedder: Embedder) -> None:
+    counting = Counting(embedder)
+    batching = BatchingEmbedder(counting, max_batch=2, window_s=0)
+    stores = [asyncio.create_task(batching.embed(text, urgent=False)) for text in ("store 1", "store 2")]
+    lookups = [asyncio.create_task(batching.embed(text)) for text in ("lookup 1", "lookup 2")]
+    await asyncio.gather(*stores, *lookups)
+    assert counting.asked == [["lookup 1", "lookup 2"], ["store 1", "store 2"]]
+
+
+async def test_a_caller_joins_the_forward_of_its_text_and_the_rest_wait_for_the_next(embedder: Embedder) -> None:
+    gate = threading.Event()
+    counting = Counting(embedder, gate)
+    batching = BatchingEmbedder(counting, max_batch=8, window_s=0)
+    first = asyncio.create_task(batching.embed("VPN 连不上"))
+    while not counting.asked:  # noqa: ASYNC110 - the forward has begun, in the embedder's thread
+        await asyncio.sleep(0.001)
+    again = asyncio.create_task(batching.embed("VPN 连不上"))
+    other = asyncio.create_task(batching.embed("打印机怎么连接"))
+    await asyncio.sleep(0)
+    gate.set()
+    vectors = await asyncio.gather(first, again, other)
+    assert counting.asked == [["VPN 连不上"], ["打印机怎么连接"]]
+    assert np.array_equal(vectors[0], vectors[1])
+
+
+async def test_a_text_whose_callers_left_is_not_embedded(embedder: Embedder) -> None:
+    counting = Counting(embedder)
+    batching = BatchingEmbedder(counting, max_batch=8, window_s=0)
+    gone = asyncio.create_task(batching.embed("年假怎么申请"))
+    stays = asyncio.create_task(batching.embed("VPN 连不上"))
+    await asyncio.sleep(0)  # both are waiting; the batch is not taken yet
+    gone.cancel()
+    await stays
+    assert counting.asked == [["VPN 连不上"]]
+    assert gone.cancelled()

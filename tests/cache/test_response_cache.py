@@ -1,8 +1,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from cache.embeddings import CachedEmbedder, Embedder
 from cache.keys import EMBEDDED_CHARS, scope_key
@@ -156,6 +160,7 @@ async def test_restart_keeps_entries(embedder: Embedder, clock: Clock, db: Datab
     await cache.store(SHARED, "如何重置密码", "在设置页点「忘记密码」。")
     await cache.store(SHARED, "What is Docker?", "A container runtime.")
     assert await cache.lookup(SHARED, "What is Docker?") is not None
+    await cache.close()  # a hit is saved after its lookup returns, and at the latest at shutdown
 
     restarted = make_cache(embedder, clock, db)
     assert await restarted.load() == 2
@@ -164,6 +169,44 @@ async def test_restart_keeps_entries(embedder: Embedder, clock: Clock, db: Datab
     assert exact is not None and exact.level is CacheLevel.EXACT
     assert semantic is not None and semantic.level is CacheLevel.SEMANTIC
     assert {e.question: e.hits for e in await restarted.entries()} == {"What is Docker?": 2, "如何重置密码": 1}
+
+
+async def test_a_cut_answer_serves_requests_for_no_more_tokens_even_after_a_restart(
+    embedder: Embedder, clock: Clock, db: Database
+) -> None:
+    cache = make_cache(embedder, clock, db)
+    await cache.store(SHARED, "Tell me about Docker.", "Docker is a container", cut_at=5)
+    assert await cache.lookup(SHARED, "Tell me about Docker.", max_tokens=5) is not None
+    assert await cache.lookup(SHARED, "Tell me about Docker.", max_tokens=6) is None
+    assert await cache.lookup(SHARED, "Tell me about Docker.") is None  # a complete answer asked
+
+    restarted = make_cache(embedder, clock, db)
+    await restarted.load()
+    assert await restarted.lookup(SHARED, "Tell me about Docker.", max_tokens=4) is not None
+    assert await restarted.lookup(SHARED, "Tell me about Docker.", max_tokens=64) is None
+    await restarted.store(SHARED, "Tell me about Docker.", "Docker is a container runtime.")
+    assert await restarted.lookup(SHARED, "Tell me about Docker.", max_tokens=64) is not None
+
+
+async def test_entries_from_before_cut_answers_were_marked_serve_no_one(
+    embedder: Embedder, clock: Clock, tmp_path: Path
+) -> None:
+    """Earlier versions cached answers cut at max_tokens as complete; which ones is not known."""
+    database = Database(f"sqlite:///{tmp_path / 'old.db'}")
+    database.upgrade("0005")
+    with database.sql_engine.begin() as connection:
+        connection.execute(
+            text(
+                "INSERT INTO cache_entries (scope, key, question, answer, embedder, embedding, hits, created_at)"
+                " VALUES (:scope, 'k', 'What is Docker?', 'A container', :embedder, x'', 0, :created)"
+            ),
+            {"scope": SHARED.key, "embedder": embedder.name, "created": datetime.fromtimestamp(clock.now, UTC)},
+        )
+    database.upgrade()
+    cache = make_cache(embedder, clock, database)
+    assert await cache.load() == 1
+    assert await cache.lookup(SHARED, "What is Docker?", max_tokens=1) is None
+    database.close()
 
 
 async def test_load_drops_rows_of_another_embedder_and_expired_rows(
@@ -207,6 +250,41 @@ async def test_figures_and_the_event_loop_stays_free(embedder: Embedder, clock: 
     assert figures.hits_exact == 1 and figures.hits_exact + figures.hits_semantic + figures.misses == 3
     assert 0 < figures.lookup_ms_p50 <= figures.lookup_ms_p99
     assert ticks > 5  # embedding ran in a thread while the loop kept ticking
+
+
+async def test_concurrent_lookups_share_a_handful_of_forwards(embedder: Embedder, clock: Clock) -> None:
+    cache = make_cache(embedder, clock)
+    await cache.store(SHARED, "What is Docker?", "d")
+    stored = cache.figures()
+    questions = [f"How do I renew the TLS certificate of service {i}?" for i in range(64)]
+    hits = await asyncio.gather(*(cache.lookup(SHARED, question) for question in questions))
+    figures = cache.figures()
+    assert hits == [None] * 64 and figures.misses == 64
+    assert figures.embedded_texts - stored.embedded_texts == 64
+    # The first lookup's forward starts alone or nearly; the others are embedded together after it.
+    assert figures.embed_forwards - stored.embed_forwards <= 4
+
+
+async def test_lookups_do_not_queue_behind_the_default_thread_pool(
+    embedder: Embedder, clock: Clock, db: Database
+) -> None:
+    cache = make_cache(embedder, clock, db)
+    await cache.store(SHARED, "What is Docker?", "d")
+    release = threading.Event()
+    loop = asyncio.get_running_loop()
+    # More blocked units of work than the default pool has threads (at most 32): all of them busy.
+    blocked = [loop.run_in_executor(None, release.wait) for _ in range(40)]
+    try:
+        exact = await asyncio.wait_for(cache.lookup(SHARED, "What is Docker?"), timeout=60)
+        semantic = await asyncio.wait_for(cache.lookup(SHARED, "What's Docker?"), timeout=60)
+    finally:
+        release.set()
+        await asyncio.gather(*blocked)
+    assert exact is not None and exact.level is CacheLevel.EXACT
+    assert semantic is not None and semantic.level is CacheLevel.SEMANTIC
+    await cache.close()
+    with db.session() as session:
+        assert [row.hits for row in CacheRepository(session).all()] == [2]  # saved once the pool was free
 
 
 async def test_disabled_cache_does_nothing(embedder: Embedder, clock: Clock) -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -9,12 +10,13 @@ import pytest
 from sqlalchemy import text as sql
 from transformers import PreTrainedTokenizerBase
 
+from cache.keys import scope_key
 from cache.levels import CacheLevel
 from chat import ChatManager, ChatMessage, Conversation, InvalidMessage, Transcript
 from chat.compression import STAND_IN_PREFIX
 from chat.reply import Reply
 from chat.summarizer import SUMMARY_PREFIX
-from engine import StreamDelta
+from engine import SamplingParams, StreamDelta
 from storage import Database, Message, MessageRepository, SessionRepository
 from tests.chat.chat_support import GREEDY, ManagerFactory, ask, session_of, small_context
 
@@ -406,3 +408,102 @@ async def test_every_finished_turn_reaches_the_observers(managers: ManagerFactor
     with pytest.raises(InvalidMessage):
         manager.turn(ALICE, "")
     assert seen == [("alice", CacheLevel.MISS), ("bob", CacheLevel.EXACT)]
+
+
+def stored_counts(db: Database) -> tuple[int, int]:
+    with db.session() as session:
+        return SessionRepository(session).count(), session.query(Message).count()
+
+
+async def test_text_that_is_not_unicode_is_refused_and_nothing_is_stored(
+    managers: ManagerFactory, db: Database
+) -> None:
+    manager = await managers()
+    with pytest.raises(InvalidMessage, match="The message is not valid Unicode"):
+        manager.turn(ALICE, "hello \ud800")
+    bad_transcripts = [
+        Transcript("You are \udfff", (ChatMessage("user", "hi"),)),
+        Transcript("", (ChatMessage("user", "hi"), ChatMessage("assistant", "\ud800"), ChatMessage("user", "and?"))),
+    ]
+    for transcript in bad_transcripts:
+        with pytest.raises(InvalidMessage, match="not valid Unicode"):
+            manager.turn_for_transcript(transcript)
+    assert stored_counts(db) == (0, 0)
+
+
+def with_max_tokens(manager: ChatManager, max_tokens: int) -> SamplingParams:
+    return dataclasses.replace(manager.sampling, max_tokens=max_tokens)
+
+
+async def test_a_cut_reply_serves_only_as_cut_and_a_hit_honours_max_tokens(managers: ManagerFactory) -> None:
+    manager = await managers(cache=True)
+    question = "Tell me a long story about a lighthouse."
+    cut = await ask(manager, ALICE, question)
+    assert cut.finish_reason == "length"  # the demo model does not stop within 8 tokens
+    again = await ask(manager, BOB, question)  # the same max_tokens: served as it was cut
+    assert (again.cache_level, again.reply, again.finish_reason) == (CacheLevel.EXACT, cut.reply, "length")
+    erin = Conversation(channel="web", chat_id="erin")
+    longer = await manager.turn(erin, question, params=dataclasses.replace(manager.sampling, max_tokens=16)).collect()
+    assert longer.cache_level is CacheLevel.MISS  # 8 tokens are not the answer to a request for 16
+
+    answer = "Once upon a time a lighthouse keeper counted every ship that passed the rocks at night."
+    answer_ids = manager.chat_format.encode(answer)
+    scope = scope_key(manager.model_name, "You are a test bot.", b"")
+    assert await manager.cache.store(scope, "Tell me a short story.", answer)
+    carol, dave = Conversation(channel="web", chat_id="carol"), Conversation(channel="web", chat_id="dave")
+    short = await manager.turn(
+        carol, "Tell me a short story.", params=dataclasses.replace(manager.sampling, max_tokens=5)
+    ).collect()
+    assert short.cache_level is CacheLevel.EXACT
+    assert (short.finish_reason, short.completion_tokens) == ("length", 5)
+    assert short.reply == manager.chat_format.decode(answer_ids[:5])
+    assert session_of(manager, carol).history.records[-1].text == short.reply  # history keeps what was served
+    full = await manager.turn(
+        dave, "Tell me a short story.", params=dataclasses.replace(manager.sampling, max_tokens=64)
+    ).collect()
+    assert (full.reply, full.finish_reason, full.completion_tokens) == (answer, "stop", len(answer_ids))
+
+
+async def test_a_transcript_resent_after_a_restart_continues_its_session(
+    managers: ManagerFactory, db: Database
+) -> None:
+    first_question = ChatMessage("user", "What is Rust?")
+    first = await (await managers()).turn_for_transcript(Transcript("Be brief.", (first_question,))).collect()
+
+    restarted = await managers()
+    follow_up = (first_question, ChatMessage("assistant", first.reply), ChatMessage("user", "Is it fast?"))
+    second = await restarted.turn_for_transcript(Transcript("Be brief.", follow_up)).collect()
+    assert second.session_id == first.session_id
+    assert stored_counts(db) == (1, 4)  # no copy of the conversation in a second session
+
+    # Two clients resending the same conversation at once: one continues it, the other branches off.
+    again = (*follow_up, ChatMessage("assistant", second.reply), ChatMessage("user", "Why?"))
+    both = await asyncio.gather(
+        *(restarted.turn_for_transcript(Transcript("Be brief.", again)).collect() for _ in "ab")
+    )
+    assert sorted(result.session_id == first.session_id for result in both) == [False, True]
+    with db.session() as session:
+        branch = next(result.session_id for result in both if result.session_id != first.session_id)
+        texts = [m.text for m in MessageRepository(session).of_session(branch)]
+    assert texts[:5] == [m.content for m in again]
+
+
+async def test_sessions_in_memory_are_bounded_and_reloaded_on_their_next_turn(managers: ManagerFactory) -> None:
+    manager = await managers()
+    store = manager.sessions
+    store.capacity = 2
+    await ask(manager, ALICE, "first question")
+    alice = session_of(manager, ALICE)
+    before = alice.history.token_ids
+    await ask(manager, BOB, "first question")
+    async with store.locked(BOB):  # a session whose lock is held stays, whatever its age
+        for name in ("carol", "dave"):
+            await ask(manager, Conversation(channel="web", chat_id=name), "first question")
+        assert store.loaded(BOB) is not None
+    assert store.loaded(ALICE) is None and alice.closed
+    assert (await store.counts()).in_memory == 2
+
+    second = await ask(manager, ALICE, "second question")
+    reloaded = session_of(manager, ALICE)
+    assert second.session_id == alice.id and reloaded.next_turn == 2
+    assert reloaded.history.token_ids[: len(before)] == before

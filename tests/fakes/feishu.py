@@ -1,13 +1,14 @@
 """A fake Feishu Open Platform on 127.0.0.1, for running the real lark-oapi SDK against.
 
 It serves, over real HTTP and WebSocket, what the bot uses: the tenant token, bot info, message
-create / reply / patch, CardKit card create / update / element content / settings, and the long
+create / reply / patch / get, CardKit card create / update / element content / settings, and the long
 connection (endpoint discovery plus protobuf frames from `lark_oapi.ws.pb`). It delivers events
 the way Feishu does (a data frame on the long connection, or a signed POST to a webhook) and
 records everything the bot sends: `calls` in order, `messages` by id, `cards` by card id.
 
 Switches: `rate_limit(n)` answers the next n OpenAPI calls with HTTP 429 / code 99991400;
-`refuse_cardkit` answers CardKit calls with a permission error.
+`refuse_cardkit` answers CardKit calls with a permission error; `fail(fragment, n)` answers the
+next n calls whose path contains `fragment` with a server error.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from tests.fakes.events import BOT_OPEN_ID, encrypt, signature_headers
 RATE_LIMIT_CODE = 99991400
 CARDKIT_DENIED_CODE = 99991672
 SEQUENCE_CODE = 300317
+SERVER_ERROR_CODE = 1500
 FRAME_CONTROL, FRAME_DATA = 0, 1
 
 
@@ -95,7 +97,8 @@ class FakeFeishu:
         self.connections_opened = 0
         self._rate_limit_left = 0
         self._rate_limit_reset_s = 1
-        self._inbound_chats: dict[str, str] = {}
+        self._inbound: dict[str, dict[str, Any]] = {}
+        self._failing, self._failures_left = "", 0
         self._tokens: set[str] = set()
         self._uuids: dict[str, str] = {}
         self._ids = itertools.count(1)
@@ -126,11 +129,15 @@ class FakeFeishu:
         """Answer the next `times` OpenAPI calls with HTTP 429, code 99991400, x-ogw-ratelimit-reset."""
         self._rate_limit_left, self._rate_limit_reset_s = times, reset_s
 
+    def fail(self, fragment: str, times: int = 1) -> None:
+        """Answer the next `times` OpenAPI calls whose path contains `fragment` with HTTP 500."""
+        self._failing, self._failures_left = fragment, times
+
     # --- delivering events -----------------------------------------------------------------------
 
     def push(self, event: dict[str, Any], timeout_s: float = 10.0) -> int:
         """Deliver `event` on the long connection; returns the status code of the client's ack."""
-        self._note_inbound(event)
+        self.remember(event)
         assert self._loop is not None, "fake Feishu is not running"
         return asyncio.run_coroutine_threadsafe(self._push(event, timeout_s), self._loop).result(timeout_s + 1)
 
@@ -144,7 +151,7 @@ class FakeFeishu:
         signature: str | None = None,
     ) -> httpx.Response:
         """Deliver `event` to a webhook the way Feishu does: encrypted and signed."""
-        self._note_inbound(event)
+        self.remember(event)
         body = encrypt(event, encrypt_key)
         headers = signature_headers(body, encrypt_key, timestamp=timestamp)
         if signature is not None:
@@ -176,6 +183,11 @@ class FakeFeishu:
 
     def card_of(self, message: SentMessage) -> CardEntity:
         return self.cards[message.content["data"]["card_id"]]
+
+    def remember(self, event: dict[str, Any]) -> None:
+        """Know the message `event` carries, as Feishu knows every message sent to the bot."""
+        if event.get("event", {}).get("message"):
+            self._inbound[event["event"]["message"]["message_id"]] = event["event"]
 
     def calls_to(self, fragment: str) -> list[Call]:
         return [c for c in list(self.calls) if fragment in c.path]
@@ -224,7 +236,15 @@ class FakeFeishu:
         @app.post("/open-apis/im/v1/messages/{message_id}/reply")
         async def reply_message(message_id: str, request: Request) -> dict[str, Any]:
             body = await self._admit(request)
-            return self._send(body, chat_id=self._inbound_chats.get(message_id, ""), reply_to=message_id)
+            inbound = self._inbound.get(message_id)
+            return self._send(body, chat_id=inbound["message"]["chat_id"] if inbound else "", reply_to=message_id)
+
+        @app.get("/open-apis/im/v1/messages/{message_id}")
+        async def get_message(message_id: str, request: Request) -> dict[str, Any]:
+            await self._admit(request)
+            if message_id not in self._inbound:
+                raise _Refusal(400, 230011, "message not found")
+            return {"code": 0, "msg": "success", "data": {"items": [_api_message(self._inbound[message_id])]}}
 
         @app.patch("/open-apis/im/v1/messages/{message_id}")
         async def patch_message(message_id: str, request: Request) -> dict[str, Any]:
@@ -314,6 +334,9 @@ class FakeFeishu:
                 "request trigger frequency limit",
                 {"x-ogw-ratelimit-limit": "50", "x-ogw-ratelimit-reset": str(self._rate_limit_reset_s)},
             )
+        if self._failures_left > 0 and self._failing in request.url.path:
+            self._failures_left -= 1
+            raise _Refusal(500, SERVER_ERROR_CODE, "internal error")
         if cardkit and self.refuse_cardkit:
             raise _Refusal(400, CARDKIT_DENIED_CODE, "app has no permission cardkit:card:write")
         return body or {}
@@ -365,11 +388,6 @@ class FakeFeishu:
         card.sequences.append(body["sequence"])
         return card
 
-    def _note_inbound(self, event: dict[str, Any]) -> None:
-        message = event.get("event", {}).get("message")
-        if message:
-            self._inbound_chats[message["message_id"]] = message["chat_id"]
-
     # --- long connection frames ------------------------------------------------------------------
 
     async def _push(self, event: dict[str, Any], timeout_s: float) -> int:
@@ -413,6 +431,34 @@ class FakeFeishu:
     async def _close_connections(self) -> None:
         for connection in list(self._connections):
             await connection.socket.close()
+
+
+def _api_message(event: dict[str, Any]) -> dict[str, Any]:
+    """A received message as GET /im/v1/messages/{id} has it: other field names, bare ids, no chat type."""
+    message, sender = event["message"], event["sender"]
+    return {
+        "message_id": message["message_id"],
+        "root_id": "",
+        "parent_id": "",
+        "thread_id": message.get("thread_id", ""),
+        "msg_type": message["message_type"],
+        "create_time": message["create_time"],
+        "update_time": message["update_time"],
+        "deleted": False,
+        "updated": False,
+        "chat_id": message["chat_id"],
+        "sender": {
+            "id": sender["sender_id"]["open_id"],
+            "id_type": "open_id",
+            "sender_type": sender["sender_type"],
+            "tenant_key": sender["tenant_key"],
+        },
+        "body": {"content": message["content"]},
+        "mentions": [
+            {"key": m["key"], "id": m["id"]["open_id"], "id_type": "open_id", "name": m["name"], "tenant_key": "tenant"}
+            for m in message["mentions"]
+        ],
+    }
 
 
 def _elements(card: dict[str, Any]) -> list[dict[str, Any]]:

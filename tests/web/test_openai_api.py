@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import httpx2  # the HTTP client of the openai package
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
+from storage import Database, Message
 from tests.app_process import AppProcess
 from tests.web.web_support import running_app
 
 API_KEY = "sk-test-key"
 MODEL = "builtin:tiny-qwen3"
 MAX_MESSAGES = 8
-RATE_PER_MINUTE = 30
+# High enough that the module's other tests, all from 127.0.0.1, never meet it.
+RATE_PER_MINUTE = 300
 
 
 @pytest.fixture(scope="module")
@@ -198,13 +203,27 @@ def test_unknown_model_is_404(client: OpenAI) -> None:
     assert excinfo.value.code == "model_not_found"
 
 
-def test_per_user_rate_limit_is_429(client: OpenAI) -> None:
-    for _ in range(RATE_PER_MINUTE):
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "ping"}], user="flooder")
-    with pytest.raises(openai.RateLimitError) as excinfo:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "ping"}], user="flooder")
-    assert excinfo.value.code == "rate_limit_exceeded"
-    assert int(excinfo.value.response.headers["retry-after"]) >= 1
+def test_the_rate_limit_is_429_per_client(app: AppProcess) -> None:
+    # A client address of its own (any 127.x is loopback), so its bucket is this test's alone; an
+    # unknown model keeps each request cheap: the limit is checked first.
+    transport = httpx2.HTTPTransport(local_address="127.0.0.9")
+    with OpenAI(
+        base_url=f"{app.base_url}/v1", api_key=API_KEY, max_retries=0, http_client=httpx2.Client(transport=transport)
+    ) as flooder:
+        # The bucket refills while the burst runs (5 a second), so a few more than the limit pass.
+        refused: openai.RateLimitError | None = None
+        sent = 0
+        while refused is None and sent < 2 * RATE_PER_MINUTE:
+            sent += 1
+            try:
+                flooder.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "ping"}])
+            except openai.NotFoundError:
+                continue
+            except openai.RateLimitError as exc:
+                refused = exc
+    assert refused is not None and sent > RATE_PER_MINUTE
+    assert refused.code == "rate_limit_exceeded"
+    assert int(refused.response.headers["retry-after"]) >= 1
 
 
 async def test_full_engine_queue_is_429(app: AppProcess) -> None:
@@ -213,7 +232,7 @@ async def test_full_engine_queue_is_429(app: AppProcess) -> None:
         running = await client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "Write a very long story."}],
-            max_tokens=4000,
+            max_tokens=2000,
             stream=True,
         )
         await anext(aiter(running))
@@ -221,7 +240,7 @@ async def test_full_engine_queue_is_429(app: AppProcess) -> None:
             client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Then a poem."}])
         )
         try:
-            await _until_waiting(app, 1)
+            await _until_engine(app, "waiting", 1)
             with pytest.raises(openai.RateLimitError) as excinfo:
                 await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "And a song."}])
             assert excinfo.value.code == "queue_full"
@@ -231,14 +250,77 @@ async def test_full_engine_queue_is_429(app: AppProcess) -> None:
             await waiting
 
 
-async def _until_waiting(app: AppProcess, count: int) -> None:
+async def _until_engine(app: AppProcess, state: str, count: int) -> None:
+    """Until the engine has `count` requests in `state` (running, waiting); at most 10 s."""
     async with httpx.AsyncClient() as http:
         for _ in range(200):
             metrics = (await http.get(f"{app.base_url}/metrics")).text
-            if f'clawdbot_engine_requests{{state="waiting"}} {float(count)}' in metrics:
+            if f'clawdbot_engine_requests{{state="{state}"}} {float(count)}' in metrics:
                 return
             await asyncio.sleep(0.05)
-    raise AssertionError("no request reached the engine's waiting queue")
+    raise AssertionError(f"the engine never had {count} request(s) {state}")
+
+
+async def test_a_client_that_disconnects_from_a_non_streamed_completion_aborts_it(app: AppProcess) -> None:
+    question = "Write the longest story you can."
+    body = json.dumps(
+        {"model": MODEL, "max_tokens": 2000, "user": "leaver", "messages": [{"role": "user", "content": question}]}
+    ).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", app.port)) as connection:
+        connection.sendall(head.encode() + body)
+        await _until_engine(app, "running", 1)
+    # 2000 tokens take the demo model over a minute here; the disconnect stops them at once.
+    await _until_engine(app, "running", 0)
+    database = Database(f"sqlite:///{app.workdir / 'bot.db'}")
+    try:
+        with database.session() as session:
+            assert session.query(Message).filter(Message.text == question).count() == 0
+    finally:
+        database.close()
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_above_the_servers_cap_is_400(client: OpenAI, field: str) -> None:
+    with pytest.raises(openai.BadRequestError) as excinfo:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], user="greedy", extra_body={field: 2049}
+        )
+    assert excinfo.value.param == field
+    assert "2048" in excinfo.value.message
+
+
+# Lone surrogates, which JSON carries as escapes (json.dumps writes "\\ud800"): every client string
+# is checked before anything else.
+_HI = {"role": "user", "content": "hi"}
+_TEXT_THAT_IS_NOT_UNICODE: dict[str, dict[str, Any]] = {
+    "messages[2].content": {
+        "messages": [_HI, {"role": "assistant", "content": "yo"}, {"role": "user", "content": "a \ud800 b"}]
+    },
+    "messages[0].content (streamed)": {"stream": True, "messages": [{"role": "user", "content": "\udfff"}]},
+    "messages[0].content[0].text": {"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+    "messages[0].content (system)": {"messages": [{"role": "system", "content": "\ud800"}, _HI]},
+    "model": {"model": "\ud800", "messages": [_HI]},
+    "stop": {"stop": "\ud800", "messages": [_HI]},
+    "stop[1]": {"stop": ["a", "\ud800"], "messages": [_HI]},
+    "user": {"user": "\ud800", "messages": [_HI]},
+}
+
+
+@pytest.mark.parametrize(("param", "body"), _TEXT_THAT_IS_NOT_UNICODE.items(), ids=_TEXT_THAT_IS_NOT_UNICODE.keys())
+def test_text_that_is_not_unicode_is_400_naming_the_field(app: AppProcess, param: str, body: dict[str, Any]) -> None:
+    response = httpx.post(
+        f"{app.base_url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+        content=json.dumps({"model": MODEL} | body).encode(),
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param.split(" ")[0]
+    assert "not valid Unicode" in error["message"]
 
 
 def test_metrics_expose_requests_cache_levels_and_histograms(app: AppProcess, client: OpenAI) -> None:

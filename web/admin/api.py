@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, status
 from pydantic import BaseModel
 from sqlalchemy.engine import make_url
 
@@ -17,6 +17,11 @@ from web.deps import ChatManagerDep, MonitorDep, SessionsDep, SettingsDep
 
 SECRETS = {"feishu.app_secret", "feishu.verification_token", "feishu.encrypt_key", "admin.token", "api.key"}
 MASK = "••••••••"
+
+# The largest integer the databases store (SQLite's INTEGER, PostgreSQL's BIGINT): a larger id or
+# offset is the client's mistake (422), not a failed query (500).
+MAX_ROW_NUMBER = 2**63 - 1
+RowId = Annotated[int, Path(ge=1, le=MAX_ROW_NUMBER)]
 
 router = APIRouter(prefix="/admin/api", tags=["admin console"], dependencies=[Depends(require_admin)])
 
@@ -50,7 +55,7 @@ async def cache_entries(
 
 
 @router.delete("/cache/entries/{entry_id}", status_code=status.HTTP_204_NO_CONTENT)
-async def delete_cache_entry(entry_id: int, chat_manager: ChatManagerDep) -> None:
+async def delete_cache_entry(entry_id: RowId, chat_manager: ChatManagerDep) -> None:
     if not await chat_manager.cache.delete(entry_id):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"No cache entry {entry_id}.")
 
@@ -62,13 +67,13 @@ async def flush_cache(chat_manager: ChatManagerDep) -> Flushed:
 
 @router.get("/sessions")
 async def sessions_page(
-    sessions: SessionsDep, limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0)
+    sessions: SessionsDep, limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=MAX_ROW_NUMBER)
 ) -> SessionPage:
     return await sessions.page(limit, offset)
 
 
 @router.get("/sessions/{session_id}")
-async def session_detail(session_id: int, sessions: SessionsDep) -> SessionDetail:
+async def session_detail(session_id: RowId, sessions: SessionsDep) -> SessionDetail:
     detail = await sessions.detail(session_id)
     if detail is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"No session {session_id}.")

@@ -1,0 +1,73 @@
+"""Claims of Feishu messages: finished once the reply is shown, taken again once after a restart."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from sqlalchemy import text
+
+from storage import Database, EventRepository, ProcessedEvent, utcnow
+
+TTL = timedelta(days=2)
+PREFIX = "feishu:message:"
+
+
+def test_unfinished_claims_since_a_time_are_taken_once_oldest_first(db: Database) -> None:
+    now = utcnow()
+    with db.session() as session:
+        events = EventRepository(session)
+        events.claim(PREFIX + "late", TTL, now - timedelta(seconds=10), chat_type="group")
+        events.claim(PREFIX + "early", TTL, now - timedelta(seconds=20), chat_type="p2p")
+        events.claim(PREFIX + "answered", TTL, now - timedelta(seconds=20), chat_type="p2p")
+        events.finish(PREFIX + "answered")
+        events.claim(PREFIX + "too-old", TTL, now - timedelta(seconds=700), chat_type="p2p")
+        events.claim("another:kind", TTL, now - timedelta(seconds=10))
+
+    with db.session() as session:
+        taken = EventRepository(session).resume_unfinished(PREFIX, since=now - timedelta(seconds=600), now=now)
+        assert [(claim.key, claim.chat_type) for claim in taken] == [
+            (PREFIX + "early", "p2p"),
+            (PREFIX + "late", "group"),
+        ]
+    with db.session() as session:
+        assert EventRepository(session).resume_unfinished(PREFIX, since=now - timedelta(seconds=600)) == []
+        too_old = session.get(ProcessedEvent, PREFIX + "too-old")
+        assert too_old is not None and too_old.resumed_at is None
+
+
+def test_a_claim_taken_again_after_it_expired_is_unfinished(db: Database) -> None:
+    now = utcnow()
+    with db.session() as session:
+        events = EventRepository(session)
+        events.claim(PREFIX + "m", TTL, now - timedelta(days=3), chat_type="p2p")
+        events.finish(PREFIX + "m", now - timedelta(days=3))
+        assert events.claim(PREFIX + "m", TTL, now, chat_type="group")
+
+    with db.session() as session:
+        [claim] = EventRepository(session).resume_unfinished(PREFIX, since=now - timedelta(seconds=600))
+        assert (claim.key, claim.chat_type) == (PREFIX + "m", "group")
+
+
+def test_claims_from_before_the_migration_count_as_finished(tmp_path: Path) -> None:
+    database = Database(f"sqlite:///{tmp_path / 'old.db'}")
+    database.upgrade("0003")
+    with database.sql_engine.begin() as connection:
+        connection.execute(
+            text("INSERT INTO processed_events (key, created_at, expires_at) VALUES (:key, :created, :expires)"),
+            {
+                "key": PREFIX + "old",
+                "created": utcnow().replace(tzinfo=None),
+                "expires": utcnow().replace(tzinfo=None) + TTL,
+            },
+        )
+    database.upgrade()
+
+    with database.session() as session:
+        claim = session.get(ProcessedEvent, PREFIX + "old")
+        assert claim is not None and claim.finished_at == claim.created_at
+        assert EventRepository(session).resume_unfinished(PREFIX, since=utcnow() - timedelta(days=1)) == []
+    database.downgrade("0003")
+    with database.sql_engine.connect() as connection:
+        assert connection.execute(text("SELECT key FROM processed_events")).scalars().all() == [PREFIX + "old"]
+    database.close()

@@ -1,0 +1,102 @@
+"""The server's own limits, with raw sockets against the real app: half-sent requests are closed,
+idle connections too, an endless request head is refused; the API docs when turned on."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.app_process import AppProcess
+from tests.web.web_support import running_app
+
+READ_TIMEOUT_S = 1
+KEEP_ALIVE_TIMEOUT_S = 1
+MAX_HEADER_BYTES = 4096
+# Without the deadline these connections stay open for good; the wait is that long only so a
+# loaded machine is not mistaken for a failure.
+PATIENCE_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppProcess]:
+    overrides: dict[str, dict[str, Any]] = {
+        "server": {
+            "request_read_timeout_s": READ_TIMEOUT_S,
+            "keep_alive_timeout_s": KEEP_ALIVE_TIMEOUT_S,
+            "max_header_bytes": MAX_HEADER_BYTES,
+        },
+        "api": {"docs": True},
+    }
+    with running_app(tmp_path_factory, overrides) as running:
+        yield running
+
+
+def _connect(app: AppProcess, timeout_s: float = PATIENCE_S) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", app.port))
+    sock.settimeout(timeout_s)
+    return sock
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    """All the server sends until it closes the connection; socket.timeout if it never does."""
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+HALF_SENT = [
+    b"",  # connected, silent
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\n",  # the head never ends
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",  # nor the body
+]
+
+
+def test_half_sent_requests_are_closed(app: AppProcess) -> None:
+    with ExitStack() as stack:
+        sockets = []
+        for i in range(60):
+            sock = stack.enter_context(_connect(app))
+            sock.sendall(HALF_SENT[i % len(HALF_SENT)])
+            sockets.append(sock)
+        for sock in sockets:
+            received = _read_until_closed(sock)
+            assert b"200 OK" not in received
+    assert httpx.get(f"{app.base_url}/healthz").status_code == 200  # the server still serves
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(app: AppProcess) -> None:
+    # uvicorn's default is 5 s: a wait shorter than that shows the setting is applied.
+    with _connect(app, timeout_s=4.0) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _read_until_closed(sock).startswith(b"HTTP/1.1 200 OK")
+
+
+def test_a_request_head_past_the_limit_is_refused(app: AppProcess) -> None:
+    with _connect(app) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * MAX_HEADER_BYTES)
+        assert _read_until_closed(sock).startswith(b"HTTP/1.1 400 Bad Request")
+
+
+def test_a_slow_reply_is_not_cut_by_the_read_deadline(app: AppProcess) -> None:
+    # The deadline is for reading the request: a reply that streams for longer still arrives whole.
+    body = {
+        "model": "builtin:tiny-qwen3",
+        "stream": True,
+        "max_tokens": 150,
+        "messages": [{"role": "user", "content": "Write a long story."}],
+    }
+    with httpx.stream("POST", f"{app.base_url}/v1/chat/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        text = response.read().decode()
+    assert text.rstrip().endswith("data: [DONE]")
+
+
+def test_the_api_docs_when_turned_on(app: AppProcess) -> None:
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert httpx.get(f"{app.base_url}{path}").status_code == 200, path

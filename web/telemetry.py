@@ -91,6 +91,9 @@ class ChatManagerCollector(Collector):
         yield GaugeMetricFamily("clawdbot_cache_entries", "response-cache entries", value=cache.entries)
         yield CounterMetricFamily("clawdbot_cache_evictions", "entries evicted for capacity", value=cache.evictions)
         yield CounterMetricFamily("clawdbot_cache_skipped_pii", "lookups skipped for PII", value=cache.skipped_pii)
+        yield CounterMetricFamily(
+            "clawdbot_cache_over_budget", "lookups missed: not embedded within the budget", value=cache.over_budget
+        )
 
         requests = GaugeMetricFamily("clawdbot_engine_requests", "engine requests, by state", labels=["state"])
         requests.add_metric(["running"], engine.requests.running)

@@ -15,9 +15,11 @@ class Counting:
         self.name, self.dim = embedder.name, embedder.dim
         self.gate = gate
         self.asked: list[list[str]] = []
+        self.entered = threading.Event()  # set as a forward begins
 
     def encode(self, texts: list[str]) -> np.ndarray:
         self.asked.append(list(texts))
+        self.entered.set()
         if self.gate is not None:
             self.gate.wait()
         return self.embedder.encode(texts)

@@ -9,15 +9,17 @@ import pytest
 from sqlalchemy import text
 
 from cache.embeddings import CachedEmbedder, Embedder
-from cache.keys import EMBEDDED_CHARS, scope_key
+from cache.keys import EMBEDDED_CHARS, embedded_text, scope_key
 from cache.levels import CacheLevel
 from cache.response_cache import ResponseCache
 from settings import CacheSettings
 from storage import CacheRepository, Database
+from tests.cache.test_embedders import Counting
 from tests.support import Clock
 
 SHARED = scope_key("qwen3-0.6b", "You are a helpful assistant.")
-SETTINGS = CacheSettings(capacity=100, ttl_s=3600, evict_fraction=0.01)
+# A generous lookup budget: these tests are about what a lookup finds, not how long it may take.
+SETTINGS = CacheSettings(capacity=100, ttl_s=3600, evict_fraction=0.01, lookup_budget_ms=60_000)
 
 
 def make_cache(embedder: Embedder, clock: Clock, db: Database | None = None, **overrides: object) -> ResponseCache:
@@ -285,6 +287,30 @@ async def test_lookups_do_not_queue_behind_the_default_thread_pool(
     await cache.close()
     with db.session() as session:
         assert [row.hits for row in CacheRepository(session).all()] == [2]  # saved once the pool was free
+
+
+async def test_a_lookup_past_its_budget_misses_and_leaves_the_embedder_s_queue(
+    embedder: Embedder, clock: Clock
+) -> None:
+    gate = threading.Event()
+    gate.set()
+    held = Counting(embedder, gate)
+    cache = make_cache(held, clock, lookup_budget_ms=50)
+    await cache.store(SHARED, "What is Docker?", "d")
+    gate.clear()
+    held.entered.clear()
+    busy = asyncio.create_task(cache.store(SHARED, "What is Rust?", "r"))  # a forward the gate holds
+    assert await asyncio.to_thread(held.entered.wait, 30)
+    started = asyncio.get_running_loop().time()
+    assert await cache.lookup(SHARED, "What's Docker?") is None
+    assert asyncio.get_running_loop().time() - started < 5
+    gate.set()
+    await busy
+    figures = cache.figures()
+    assert (figures.over_budget, figures.misses) == (1, 1)
+    # It left the queue before a forward took it.
+    assert embedded_text("What's Docker?") not in {text for texts in held.asked for text in texts}
+    assert await cache.lookup(SHARED, "What's Docker?") is not None  # the embedder is free again
 
 
 async def test_disabled_cache_does_nothing(embedder: Embedder, clock: Clock) -> None:

@@ -45,7 +45,7 @@ class ManagerFactory:
         chat_format = ChatFormat.for_tokenizer(self.engine.tokenizer, enable_thinking=context.enable_thinking)
         direct_format = ChatFormat.for_tokenizer(self.engine.tokenizer)
         response_cache = ResponseCache(
-            CacheSettings(enabled=cache),
+            CacheSettings(enabled=cache, lookup_budget_ms=60_000),  # what is found, not how fast
             self.embedder,
             self.db,
             judge=LLMJudge(self.engine, direct_format) if judge else None,

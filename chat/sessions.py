@@ -98,6 +98,9 @@ class SessionStore:
         self.settings = settings
         self.capacity = capacity
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()  # least recently used first
+        # API conversations by the digest of their transcript so far, newest last: the next request
+        # of a conversation in memory finds its session without a query (the table is the fallback).
+        self._by_transcript: OrderedDict[str, Conversation] = OrderedDict()
         self._loading = asyncio.Lock()
 
     def key(self, conversation: Conversation) -> str:
@@ -135,8 +138,7 @@ class SessionStore:
         the API session whose messages are exactly those if there is one, else a new session for
         `conversation`, seeded from them."""
         if seed is not None and seed.messages:  # a first question continues nothing
-            chat_id = await asyncio.to_thread(session_rows.chat_with_transcript, self.db, seed.digest())
-            conversation = Conversation(API_CHANNEL, chat_id) if chat_id is not None else conversation
+            conversation = await self._continued(seed.digest()) or conversation
         while True:
             state = await self.open(conversation, seed)
             state.holders += 1
@@ -150,9 +152,27 @@ class SessionStore:
                         conversation = Conversation(API_CHANNEL, uuid.uuid4().hex)
                         continue
                     yield state
+                    if state.by_transcript:
+                        self._remember_transcript(state.transcript_digest(), conversation)
                     return
             finally:
                 state.holders -= 1
+
+    async def _continued(self, digest: str) -> Conversation | None:
+        """The conversation this transcript continues. Taken from memory, not just read: a second
+        client that sends the same transcript meanwhile branches at once, instead of waiting for
+        the first one's whole turn to learn that it must."""
+        known = self._by_transcript.pop(digest, None)
+        if known is not None:
+            return known
+        chat_id = await asyncio.to_thread(session_rows.chat_with_transcript, self.db, digest)
+        return None if chat_id is None else Conversation(API_CHANNEL, chat_id)
+
+    def _remember_transcript(self, digest: str, conversation: Conversation) -> None:
+        self._by_transcript[digest] = conversation
+        self._by_transcript.move_to_end(digest)
+        if len(self._by_transcript) > self.capacity:
+            self._by_transcript.popitem(last=False)
 
     def _evict(self) -> None:
         """Past capacity, the least recently used sessions that no turn, reset or background

@@ -100,7 +100,7 @@ class SessionStore:
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()  # least recently used first
         # API conversations by the digest of their transcript so far, newest last: the next request
         # of a conversation in memory finds its session without a query (the table is the fallback).
-        self._by_transcript: OrderedDict[str, Conversation] = OrderedDict()
+        self._by_transcript: OrderedDict[str, list[Conversation]] = OrderedDict()
         self._loading = asyncio.Lock()
 
     def key(self, conversation: Conversation) -> str:
@@ -159,17 +159,26 @@ class SessionStore:
                 state.holders -= 1
 
     async def _continued(self, digest: str) -> Conversation | None:
-        """The conversation this transcript continues. Taken from memory, not just read: a second
-        client that sends the same transcript meanwhile branches at once, instead of waiting for
-        the first one's whole turn to learn that it must."""
-        known = self._by_transcript.pop(digest, None)
-        if known is not None:
-            return known
+        """The conversation this transcript continues, if it is not busy. Several clients may hold
+        the same transcript (the same questions, answered from the cache): each takes a session of
+        its own from memory. A busy one (found in the database after another client took it) is
+        not waited for, which would cost that client's whole turn only to learn that this request
+        branches off: it starts a session of its own at once."""
+        known = self._by_transcript.get(digest)
+        if known:
+            conversation = known.pop()
+            if not known:
+                del self._by_transcript[digest]
+            return conversation
         chat_id = await asyncio.to_thread(session_rows.chat_with_transcript, self.db, digest)
-        return None if chat_id is None else Conversation(API_CHANNEL, chat_id)
+        if chat_id is None:
+            return None
+        conversation = Conversation(API_CHANNEL, chat_id)
+        state = self._sessions.get(self.key(conversation))
+        return None if state is not None and (state.holders or state.lock.locked()) else conversation
 
     def _remember_transcript(self, digest: str, conversation: Conversation) -> None:
-        self._by_transcript[digest] = conversation
+        self._by_transcript.setdefault(digest, []).append(conversation)
         self._by_transcript.move_to_end(digest)
         if len(self._by_transcript) > self.capacity:
             self._by_transcript.popitem(last=False)

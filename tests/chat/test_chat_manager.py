@@ -488,6 +488,30 @@ async def test_a_transcript_resent_after_a_restart_continues_its_session(
     assert texts[:5] == [m.content for m in again]
 
 
+async def test_clients_with_the_same_transcript_each_continue_their_own_session_at_once(
+    managers: ManagerFactory, db: Database
+) -> None:
+    """Two people ask the same question and get the same (cached) answer: their transcripts are
+    identical, and neither follow-up may wait for the other's turn, nor copy a session."""
+    manager = await managers(cache=True)
+    question = ChatMessage("user", "How do I apply for leave?")
+    first = await manager.turn_for_transcript(Transcript("Be brief.", (question,))).collect()
+    second = await manager.turn_for_transcript(Transcript("Be brief.", (question,))).collect()
+    assert second.cache_level is CacheLevel.EXACT and second.reply == first.reply
+    follow_up = (question, ChatMessage("assistant", first.reply), ChatMessage("user", "Who approves it?"))
+    turns = [manager.turn_for_transcript(Transcript("Be brief.", follow_up)) for _ in "ab"]
+    # The first follow-up holds its session until the test lets it go on: the second, which could
+    # only wait for it, must find the other session meanwhile and finish.
+    async with aclosing(aiter(turns[0])) as leading:
+        await anext(leading)
+        result = await asyncio.wait_for(turns[1].collect(), timeout=60)
+        async for _ in leading:
+            pass
+    assert turns[0].result is not None
+    assert {turns[0].result.session_id, result.session_id} == {first.session_id, second.session_id}
+    assert stored_counts(db)[0] == 2
+
+
 async def test_sessions_in_memory_are_bounded_and_reloaded_on_their_next_turn(managers: ManagerFactory) -> None:
     manager = await managers()
     store = manager.sessions

@@ -213,8 +213,9 @@ async def _collect(turn: Turn, request: Request) -> TurnResult:
 
 async def _disconnected(request: Request) -> None:
     """Returns when the client disconnects; the body is read by now, so that is all that comes."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+    message = await request.receive()
+    while message["type"] != "http.disconnect":
+        message = await request.receive()
 
 
 def _sampling(body: ChatCompletionRequest, defaults: SamplingParams, generation: GenerationSettings) -> SamplingParams:

@@ -22,7 +22,7 @@ from chat import ChatManager, SessionStore
 from chat.compression import Compressor
 from chat.merging import RequestMerger
 from chat.summarizer import Summarizer
-from engine import ChatFormat, EngineConfig, LLMEngine, StreamDelta
+from engine import EngineConfig, LLMEngine, StreamDelta
 from settings import Settings
 from storage import Database
 from storage.maintenance import run_maintenance
@@ -42,9 +42,9 @@ ENGINE_STOP_TIMEOUT_S = 2.0
 
 
 def build_chat_manager(settings: Settings, engine: LLMEngine, db: Database) -> ChatManager:
-    chat_format = ChatFormat.for_tokenizer(engine.tokenizer, enable_thinking=settings.context.enable_thinking)
+    chat_format = engine.chat_format(enable_thinking=settings.context.enable_thinking)
     # The judge and the summarizer want the answer itself, never a think block first.
-    direct_format = ChatFormat.for_tokenizer(engine.tokenizer)
+    direct_format = engine.chat_format()
     judge = LLMJudge(engine, direct_format) if settings.cache.llm_judge and not engine.is_demo_model else None
     context = settings.context
     summarizer = Summarizer(engine, direct_format, context.summary_max_tokens, context.summary_cache_entries)

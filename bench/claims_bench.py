@@ -334,7 +334,7 @@ def main() -> None:
     torch.set_grad_enabled(False)
     engine = build_engine(args.data_dir)
     uncached = build_engine(args.data_dir, prefix_caching=False)
-    chat_format = ChatFormat.for_tokenizer(engine.tokenizer)
+    chat_format = engine.chat_format()
     model_dir = args.data_dir / "models" / "builtin-tiny-qwen3"
     try:
         figures: dict[str, Any] = {

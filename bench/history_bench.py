@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from chat.history import TokenHistory
 from engine import ChatFormat
-from engine.checkpoints import bundled_tokenizer_dir, load_tokenizer
+from engine.builtin_models import bundled_tokenizer_dir
+from engine.checkpoints import load_tokenizer
 
 USER = [
     "今天北京天气怎么样？适合出去跑步吗？",

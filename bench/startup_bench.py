@@ -1,7 +1,7 @@
 """How fast `python app.py` answers: `--help`, a config error, the first `/healthz`, the first
 200 from `/readyz` (model loaded), and stopping on SIGINT.
 
-    python bench/startup_bench.py [--runs 3] [--model builtin:tiny-qwen3]
+    python bench/startup_bench.py [--runs 3] [--model builtin:smollm2-135m-instruct] [--data-dir data]
 
 Each run is a fresh process on a fresh database; the model (and its data folder) is the one a
 user's first start would have written already. Prints each run, the medians, and a JSON line last.
@@ -91,7 +91,9 @@ def one_run(workdir: Path, model: str, data_dir: Path) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--model", default="builtin:tiny-qwen3")
+    parser.add_argument(
+        "--model", default="builtin:smollm2-135m-instruct", help="the model `python app.py` loads by default"
+    )
     parser.add_argument("--data-dir", type=Path, default=ROOT / "data")
     args = parser.parse_args()
     runs = []

@@ -305,9 +305,10 @@ class SessionStore:
                     row.transcript_digest = seed.digest()
             messages = MessageRepository(session).of_session(row.id)
             history = TokenHistory()
-            if row.system_prompt:
-                framed = self.chat_format.message("system", row.system_prompt)
-                history.append("system", framed, text=row.system_prompt, turn_index=-1, seq=-1)
+            system_prompt = row.system_prompt or ""
+            opening = self.chat_format.system(system_prompt)
+            if opening:
+                history.append("system", opening, text=system_prompt, turn_index=-1, seq=-1)
             for message in session_rows.context_of(row, messages):
                 history.append(
                     cast(Role, message.role),  # what was stored is what a history held

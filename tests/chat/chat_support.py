@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ from chat.compression import Compressor
 from chat.merging import RequestMerger
 from chat.sessions import SessionState
 from chat.summarizer import Summarizer
-from engine import ChatFormat, LLMEngine, StreamDelta
+from engine import LLMEngine, StreamDelta
 from settings import CacheSettings, ContextSettings, GenerationSettings
 from storage import Database
 from tests.support import SHARED_DATA_DIR
@@ -24,6 +25,12 @@ GREEDY = GenerationSettings(temperature=0.0, max_tokens=8)
 @pytest.fixture(scope="session")
 def engine() -> Iterator[LLMEngine]:
     with LLMEngine.from_pretrained("builtin:tiny-qwen3", data_dir=str(SHARED_DATA_DIR), kv_cache_tokens=16384) as llm:
+        yield llm
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_dir: Path) -> Iterator[LLMEngine]:
+    with LLMEngine.from_pretrained(str(smollm2_dir), kv_cache_tokens=8192) as llm:
         yield llm
 
 
@@ -42,8 +49,8 @@ class ManagerFactory:
         generation: GenerationSettings = GREEDY,
         max_message_chars: int = 8000,
     ) -> ChatManager:
-        chat_format = ChatFormat.for_tokenizer(self.engine.tokenizer, enable_thinking=context.enable_thinking)
-        direct_format = ChatFormat.for_tokenizer(self.engine.tokenizer)
+        chat_format = self.engine.chat_format(enable_thinking=context.enable_thinking)
+        direct_format = self.engine.chat_format()
         response_cache = ResponseCache(
             CacheSettings(enabled=cache, lookup_budget_ms=60_000),  # what is found, not how fast
             self.embedder,

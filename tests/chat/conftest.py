@@ -1,1 +1,1 @@
-from tests.chat.chat_support import engine, managers  # noqa: F401  (fixtures)
+from tests.chat.chat_support import engine, managers, smollm2_engine  # noqa: F401  (fixtures)

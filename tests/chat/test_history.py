@@ -22,21 +22,31 @@ def template_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, st
     return list(encoded["input_ids"])
 
 
+@pytest.fixture(params=["qwen3", pytest.param("smollm2", marks=pytest.mark.downloads_model)])
+def chat_tokenizer(request: pytest.FixtureRequest, tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """The Qwen3 tokenizer and SmolLM2's, each with its own chat template."""
+    if request.param == "qwen3":
+        return tokenizer
+    smollm2_tokenizer: PreTrainedTokenizerBase = request.getfixturevalue("smollm2_tokenizer")
+    return smollm2_tokenizer
+
+
 @pytest.mark.parametrize("text", MESSAGES)
 @pytest.mark.parametrize("system", ["", "You are a helpful assistant. 回答要简洁。"])
 @pytest.mark.parametrize("thinking", [False, True])
 def test_one_turn_prompt_equals_the_chat_template(
-    tokenizer: PreTrainedTokenizerBase, text: str, system: str, thinking: bool
+    chat_tokenizer: PreTrainedTokenizerBase, text: str, system: str, thinking: bool
 ) -> None:
-    chat_format = ChatFormat.for_tokenizer(tokenizer, enable_thinking=thinking)
+    chat_format = ChatFormat.for_tokenizer(chat_tokenizer, enable_thinking=thinking)
     history = TokenHistory()
     messages = []
+    if opening := chat_format.system(system):
+        history.append("system", opening, text=system, turn_index=-1, seq=-1)
     if system:
-        history.append("system", chat_format.message("system", system), text=system, turn_index=-1, seq=-1)
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": text})
     prompt = history.prompt(chat_format.message("user", text), chat_format.generation_prompt)
-    assert prompt == template_ids(tokenizer, messages, thinking)
+    assert prompt == template_ids(chat_tokenizer, messages, thinking)
 
 
 def test_append_grows_without_rewriting_earlier_tokens() -> None:

@@ -5,9 +5,16 @@ from typing import Any, Protocol
 
 import pytest
 import torch
-from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerBase,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
-# The three parity configs: GQA 1:1 and 4:1, tied and untied embeddings, head_dim != hidden/heads.
+# The parity configs: GQA 1:1 and 4:1, tied and untied embeddings, head_dim != hidden/heads; Qwen3
+# and Llama (no q/k norm; biases; llama3 RoPE scaling, its original length short enough to matter).
 PARITY_CONFIGS: dict[str, dict[str, Any]] = {
     "gqa1-tied": dict(
         vocab_size=512,
@@ -41,6 +48,38 @@ PARITY_CONFIGS: dict[str, dict[str, Any]] = {
         attention_bias=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     ),
+    "llama-gqa3-tied": dict(
+        model_type="llama",
+        vocab_size=600,
+        hidden_size=96,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+    ),
+    "llama3-rope-untied-bias": dict(
+        model_type="llama",
+        vocab_size=700,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=False,
+        attention_bias=True,
+        mlp_bias=True,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
 }
 
 # What the bigram checkpoint emits after its trigger token, then <|im_end|>.
@@ -48,17 +87,23 @@ BIGRAM_TEXT = "你好，世界！流式输出测试：龘𠀀😀完毕。"
 IM_END = 151645
 
 
-def tiny_qwen3(seed: int = 0, **overrides: Any) -> Qwen3ForCausalLM:
-    config = Qwen3Config(max_position_embeddings=1024, initializer_range=0.1, **overrides)
+CausalLM = Qwen3ForCausalLM | LlamaForCausalLM
+
+
+def tiny_model(seed: int = 0, model_type: str = "qwen3", **overrides: Any) -> CausalLM:
+    """A seeded transformers model of `model_type` (qwen3 or llama)."""
+    options: dict[str, Any] = dict(max_position_embeddings=1024, initializer_range=0.1, **overrides)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return Qwen3ForCausalLM(config).eval()
+        if model_type == "llama":
+            return LlamaForCausalLM(LlamaConfig(**options)).eval()
+        return Qwen3ForCausalLM(Qwen3Config(**options)).eval()
 
 
 @dataclass
 class Checkpoint:
     path: Path
-    hf_model: Qwen3ForCausalLM
+    hf_model: CausalLM
 
     def greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
         """transformers' own greedy generate(), one prompt at a time: the reference."""
@@ -74,7 +119,7 @@ class Checkpoint:
         return output[0, len(prompt) :].tolist()
 
 
-def save_checkpoint(path: Path, model: Qwen3ForCausalLM, **save_options: Any) -> Checkpoint:
+def save_checkpoint(path: Path, model: CausalLM, **save_options: Any) -> Checkpoint:
     model.save_pretrained(path, **save_options)
     return Checkpoint(path, model)
 
@@ -85,10 +130,10 @@ class MakeCheckpoint(Protocol):
 
 @pytest.fixture
 def make_checkpoint(tmp_path: Path) -> MakeCheckpoint:
-    """Saves a tiny seeded Qwen3 of one of the parity configs; `save_options` go to save_pretrained."""
+    """Saves a tiny seeded model of one of the parity configs; `save_options` go to save_pretrained."""
 
     def make(config: str, seed: int = 0, **save_options: Any) -> Checkpoint:
-        return save_checkpoint(tmp_path, tiny_qwen3(seed, **PARITY_CONFIGS[config]), **save_options)
+        return save_checkpoint(tmp_path, tiny_model(seed, **PARITY_CONFIGS[config]), **save_options)
 
     return make
 
@@ -105,12 +150,12 @@ def im_end() -> int:
 
 @pytest.fixture(scope="session", params=list(PARITY_CONFIGS))
 def parity_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
-    return save_checkpoint(tmp_path_factory.mktemp(request.param), tiny_qwen3(**PARITY_CONFIGS[request.param]))
+    return save_checkpoint(tmp_path_factory.mktemp(request.param), tiny_model(**PARITY_CONFIGS[request.param]))
 
 
 @pytest.fixture(scope="session")
 def small_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
-    return save_checkpoint(tmp_path_factory.mktemp("small"), tiny_qwen3(**PARITY_CONFIGS["gqa4-untied-hd32"]))
+    return save_checkpoint(tmp_path_factory.mktemp("small"), tiny_model(**PARITY_CONFIGS["gqa4-untied-hd32"]))
 
 
 @pytest.fixture(scope="session")
@@ -121,7 +166,7 @@ def bigram_checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer: PreTr
     chain = [tokenizer.encode("Q")[0], *tokenizer.encode(BIGRAM_TEXT), IM_END]
     assert len(set(chain)) == len(chain)
     hidden = 64
-    model = tiny_qwen3(
+    model = tiny_model(
         vocab_size=151936,
         hidden_size=hidden,
         intermediate_size=32,

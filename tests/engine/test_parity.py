@@ -1,6 +1,10 @@
 """Greedy outputs of our engine equal transformers' generate(), token for token."""
 
+from pathlib import Path
+
+import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from engine import LLMEngine, RequestOutput, SamplingParams
 from tests.engine.conftest import Checkpoint
@@ -52,3 +56,37 @@ def test_greedy_parity_under_preemption(parity_checkpoint: Checkpoint) -> None:
         assert_parity(engine, parity_checkpoint, prompts + shared_prefix_prompts(prompts)[1:3])
         assert engine.figures().requests.preemptions > 0
         assert engine.core.kv_pool.num_free_blocks == engine.core.kv_pool.num_blocks
+
+
+def chat_prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> list[int]:
+    """The chat template's prompt for one question, ready for the answer."""
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
+        {"role": "user", "content": question},
+    ]
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+@pytest.mark.downloads_model
+def test_greedy_parity_on_the_real_smollm2_weights(smollm2_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    reference = Checkpoint(smollm2_dir, AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval())
+    questions = [
+        "What is the capital of France?",
+        "Write a haiku about the sea.",
+        "Explain in two sentences what a compiler does.",
+        "List three prime numbers.",
+    ]
+    first_turns = [chat_prompt(tokenizer, question) for question in questions]
+    # 64-token chunks: the longer prompts are prefilled over several steps, beside other decodes
+    with LLMEngine.from_pretrained(str(smollm2_dir), max_num_batched_tokens=64) as engine:
+        answers = assert_parity(engine, reference, first_turns)
+        # the next turn continues the ids the model saw and wrote, as the chat history does
+        chat_format = engine.chat_format()
+        next_question = [*chat_format.message("user", "And why?"), *chat_format.generation_prompt]
+        follow_ups = [
+            [*prompt[: -len(chat_format.generation_prompt)], *chat_format.reply(answer.token_ids), *next_question]
+            for prompt, answer in zip(first_turns, answers, strict=True)
+        ]
+        outputs = assert_parity(engine, reference, follow_ups)
+        assert all(o.num_cached_tokens >= len(p) // 16 * 16 for o, p in zip(outputs, first_turns, strict=True))

@@ -78,6 +78,8 @@ def _log_in_to_the_chat_page(client: httpx.Client) -> None:
     page = client.get("/")
     assert page.status_code == 200
     assert "chat.js" in page.text
+    # the page names the model that answers, and warns that the demo model's text is meaningless
+    assert 'id="model" class="muted">builtin:tiny-qwen3<' in page.text and 'id="demo-warning"' in page.text
     client.cookies.update(page.cookies)
 
 

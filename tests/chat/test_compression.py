@@ -1,0 +1,50 @@
+"""The compression plan and its stand-ins, on histories built to the token."""
+
+from __future__ import annotations
+
+from cache.embeddings import CachedEmbedder, Embedder
+from chat.compression import STAND_IN_PREFIX, Compressor, Span, plan_compression
+from chat.history import TokenHistory
+from chat.summarizer import Summarizer
+from engine import LLMEngine
+from tests.chat.chat_support import small_context
+
+
+def history_of(*messages: tuple[str, str, int]) -> TokenHistory:
+    """A history of (role, text, tokens) messages, a turn per user message."""
+    history = TokenHistory()
+    history.append("system", [1] * 8, text="You are a test bot.", turn_index=-1, seq=-1)
+    turn = -1
+    for seq, (role, text, num_tokens) in enumerate(messages):
+        turn += role == "user"
+        history.append(role, [seq + 2] * num_tokens, text=text, turn_index=turn, seq=seq)  # type: ignore[arg-type]
+    return history
+
+
+def test_a_last_turn_too_big_to_keep_beside_a_summary_is_summarized_too(embedder: Embedder) -> None:
+    context = small_context(512)
+    history = history_of(("user", "a pasted log", 240), ("assistant", "It is a log.", 8))
+    plan = plan_compression(history, "another log", 240, 1, embedder, context)
+    assert [type(item) for item in plan.layout] == [type(history.records[0]), Span]
+    assert plan.spans[0].records == tuple(history.records[1:])
+
+
+async def test_a_stand_in_folds_an_earlier_one_in_without_repeating_its_prefix(
+    engine: LLMEngine, embedder: Embedder
+) -> None:
+    context = small_context(512, keep_last_turns=1)
+    chat_format = engine.chat_format()
+    summarizer = Summarizer(engine, chat_format, context.summary_max_tokens, context.summary_cache_entries)
+    compressor = Compressor(context, CachedEmbedder(embedder), summarizer, chat_format)
+    earlier = STAND_IN_PREFIX + "user: My dog is called Bruno."
+    history = history_of(
+        ("summary", earlier, 16),
+        ("user", "How do I center a div in CSS?", 150),
+        ("assistant", "Use flexbox.", 8),
+        ("user", "Recommend a science fiction novel.", 150),
+        ("assistant", "Try Dune.", 8),
+    )
+    compression = await compressor.compress(history, "Which planets have rings?", 200, 2, 10)
+    assert compression is not None
+    [stand_in] = [record.text for record in compression.history.records if record.role == "summary"]
+    assert stand_in.count(STAND_IN_PREFIX) == 1 and "My dog is called Bruno." in stand_in

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from cache.embeddings import CachedEmbedder, Embedder
 from chat.compression import STAND_IN_PREFIX, Compressor, Span, plan_compression
-from chat.history import TokenHistory
+from chat.history import Role, TokenHistory
 from chat.summarizer import Summarizer
 from engine import LLMEngine
 from tests.chat.chat_support import small_context
 
 
-def history_of(*messages: tuple[str, str, int]) -> TokenHistory:
+def history_of(*messages: tuple[Role, str, int]) -> TokenHistory:
     """A history of (role, text, tokens) messages, a turn per user message."""
     history = TokenHistory()
     history.append("system", [1] * 8, text="You are a test bot.", turn_index=-1, seq=-1)
     turn = -1
     for seq, (role, text, num_tokens) in enumerate(messages):
         turn += role == "user"
-        history.append(role, [seq + 2] * num_tokens, text=text, turn_index=turn, seq=seq)  # type: ignore[arg-type]
+        history.append(role, [seq + 2] * num_tokens, text=text, turn_index=turn, seq=seq)
     return history
 
 

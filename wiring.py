@@ -130,6 +130,7 @@ def build_app(settings: Settings) -> FastAPI:
     app.state.settings = settings
     app.state.chat_manager = chat_manager
     app.state.readiness_checks = {"database": db.ping, "model": engine.is_running}
+    app.state.transports = {"feishu": bot.status}
     app.state.telemetry = telemetry
     app.state.monitor = monitor
     app.state.rate_limiter = RateLimiter(settings.limits.requests_per_minute)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from chat import ChatManager, Conversation
 
-HELP = """I answer in private chats, and in groups when you @mention me.
+HELP = """I answer in private chats, and in groups when you @mention me or write in a thread I answered in.
 
 /reset - start a new conversation (I forget what we said so far)
 /system <prompt> - set this chat's system prompt; /system alone clears it

@@ -17,12 +17,19 @@ import lark_oapi as lark
 from lark_oapi.api.cardkit.v1 import (
     ContentCardElementRequest,
     ContentCardElementRequestBody,
+    CreateCardElementRequest,
+    CreateCardElementRequestBody,
     CreateCardRequest,
     CreateCardRequestBody,
     SettingsCardRequest,
     SettingsCardRequestBody,
 )
+from lark_oapi.api.contact.v3 import GetUserRequest
 from lark_oapi.api.im.v1 import (
+    CreateMessageReactionRequest,
+    CreateMessageReactionRequestBody,
+    DeleteMessageReactionRequest,
+    Emoji,
     GetMessageRequest,
     Message,
     PatchMessageRequest,
@@ -100,9 +107,21 @@ class FeishuApi:
 
     async def message(self, message_id: str) -> Message:
         """A message as the Open API has it now (recalled ones say `deleted`)."""
-        request = GetMessageRequest.builder().message_id(message_id).build()
+        return (await self.messages(message_id))[0]
+
+    async def messages(self, message_id: str) -> list[Message]:
+        """The message, then, for a merged forward, the messages it carries (their `upper_message_id`
+        says which forward holds them). A card comes as its JSON: read otherwise, one that streamed
+        says only "upgrade your client" (请升级至最新版本客户端)."""
+        request = GetMessageRequest.builder().message_id(message_id).card_msg_content_type("raw_card_content").build()
         response = await self._call("message get", lambda: self._client.im.v1.message.aget(request))
-        return response.data.items[0]
+        return list(response.data.items)
+
+    async def user_name(self, open_id: str) -> str:
+        """A user's display name ("" if Feishu gives none); needs the contact:user.base:readonly scope."""
+        request = GetUserRequest.builder().user_id(open_id).user_id_type("open_id").build()
+        response = await self._call("user get", lambda: self._client.contact.v3.user.aget(request))
+        return response.data.user.name or ""
 
     async def patch_card(self, message_id: str, card: dict[str, Any]) -> None:
         request = (
@@ -148,13 +167,58 @@ class FeishuApi:
         )
         await self._call("card settings", lambda: self._client.cardkit.v1.card.asettings(request))
 
-    async def _call(self, what: str, send: Callable[[], Awaitable[Response]]) -> Response:
+    async def append_card_elements(
+        self, card_id: str, elements: list[dict[str, Any]], *, sequence: int, uuid: str
+    ) -> None:
+        """Add `elements` (card JSON 2.0) at the end of a CardKit card's body."""
+        request = (
+            CreateCardElementRequest.builder()
+            .card_id(card_id)
+            .request_body(
+                CreateCardElementRequestBody.builder()
+                .type("append")
+                .elements(_json(elements))
+                .sequence(sequence)
+                .uuid(uuid)
+                .build()
+            )
+            .build()
+        )
+        await self._call("card elements", lambda: self._client.cardkit.v1.card_element.acreate(request))
+
+    async def add_reaction(self, message_id: str, emoji_type: str) -> str:
+        """React to `message_id`; returns the reaction's id. Tried once: a reaction is not worth a wait."""
+        request = (
+            CreateMessageReactionRequest.builder()
+            .message_id(message_id)
+            .request_body(
+                CreateMessageReactionRequestBody.builder()
+                .reaction_type(Emoji.builder().emoji_type(emoji_type).build())
+                .build()
+            )
+            .build()
+        )
+        response = await self._call(
+            "reaction add", lambda: self._client.im.v1.message_reaction.acreate(request), max_attempts=1
+        )
+        return response.data.reaction_id
+
+    async def remove_reaction(self, message_id: str, reaction_id: str) -> None:
+        request = DeleteMessageReactionRequest.builder().message_id(message_id).reaction_id(reaction_id).build()
+        await self._call(
+            "reaction remove", lambda: self._client.im.v1.message_reaction.adelete(request), max_attempts=1
+        )
+
+    async def _call(
+        self, what: str, send: Callable[[], Awaitable[Response]], *, max_attempts: int | None = None
+    ) -> Response:
+        max_attempts = max_attempts or self._max_attempts
         attempt = 1
         while True:
             response = await send()
             if response.success():
                 return response
-            if not _rate_limited(response) or attempt == self._max_attempts:
+            if not _rate_limited(response) or attempt == max_attempts:
                 raise FeishuApiError(what, response)
             wait_s = self._retry_after(response)
             attempt += 1
@@ -163,7 +227,7 @@ class FeishuApi:
                 what,
                 wait_s,
                 attempt,
-                self._max_attempts,
+                max_attempts,
             )
             await asyncio.sleep(wait_s)
 
@@ -179,5 +243,5 @@ def _rate_limited(response: lark.BaseResponse) -> bool:
     return response.code == RATE_LIMIT_CODE or (response.raw is not None and response.raw.status_code == 429)
 
 
-def _json(value: dict[str, Any]) -> str:
+def _json(value: dict[str, Any] | list[Any]) -> str:
     return json.dumps(value, ensure_ascii=False)

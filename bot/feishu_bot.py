@@ -1,10 +1,13 @@
-"""FeishuBot: Feishu events in, answers out, one chat queue at a time.
+"""FeishuBot: Feishu events in, answers out, one queue per chat stream or thread.
 
-transport (long connection | webhook) -> lark-oapi dispatcher -> chat lane
--> policy (answer? first delivery?) -> command | ChatManager turn -> reply card -> claim finished
+transport (long connection | webhook) -> lark-oapi dispatcher -> lane (a chat's stream or thread)
+-> policy (answer? a thread follow-up? first delivery?) -> gate (access, quota)
+-> command | reader (what the model reads: names, quotes, forwards) -> ChatManager turn
+-> reply card -> claim finished
 
 At start, the messages a stopped process claimed but never finished answering are fetched and
-queued again (`Delivery.resumed`).
+queued again (`Delivery.resumed`). A click on an answer card's buttons (`card.action.trigger`)
+joins its chat's lane too: a new session, or the question answered again.
 """
 
 from __future__ import annotations
@@ -12,26 +15,35 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import lark_oapi as lark
 from fastapi import APIRouter
 from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
+from lark_oapi.event.callback.model.p2_card_action_trigger import P2CardActionTrigger, P2CardActionTriggerResponse
 
+from bot.access import Asking, Gate
+from bot.card_actions import NEW_SESSION, CardClick, card_buttons, read_click, toast
 from bot.commands import Commands, parse_command
 from bot.feishu_api import FeishuApi
-from bot.lanes import ChatLanes
+from bot.lanes import ChatLanes, Lane
+from bot.names import SenderNames
 from bot.policy import EventPolicy, IncomingMessage, Unanswered, fetched_event
+from bot.progress import TypingReaction
+from bot.reading import Reader
 from bot.replies import Replier
+from bot.status import FeishuStatus, TransportState
+from bot.threads import Threads
 from bot.transport import LongConnection, webhook_router
 from chat import ChatManager, Conversation, InvalidMessage
 from settings import FeishuSettings
-from storage import Database
+from storage import Database, utcnow
 
 log = logging.getLogger(__name__)
 
-UNSUPPORTED = "Sorry, I can only read text and rich-text messages for now."
 IDENTIFY_RETRY_MAX_S = 60.0
+RESUMED = "resumed"
+CLICK_DROPPED = "Sorry, that did not work; please try again."
 
 
 @dataclass(frozen=True)
@@ -58,10 +70,22 @@ class FeishuBot:
         )
         self._commands = Commands(chat_manager)
         self._replier = Replier(self._api, interval_s=settings.stream_interval_ms / 1000)
-        self._lanes: ChatLanes[Delivery] = ChatLanes(self._handle)
+        self._reader = Reader(self._api, SenderNames(self._api, app_id=settings.app_id), chat_manager.sessions)
+        self._typing = TypingReaction(self._api, enabled=settings.typing_reaction)
+        self._lanes: ChatLanes[Delivery | CardClick] = ChatLanes(
+            self._handle_item, max_per_chat=settings.max_concurrent_per_chat
+        )
+        self._gate = Gate.from_settings(settings)
+        self._threads = Threads(
+            db,
+            ttl=timedelta(seconds=settings.dedup_ttl_s),
+            reply_in_thread=settings.reply_in_thread,
+            follow_up=settings.thread_follow_up,
+        )
         dispatcher = (
             lark.EventDispatcherHandler.builder(settings.encrypt_key, settings.verification_token)
             .register_p2_im_message_receive_v1(self._on_message)
+            .register_p2_card_action_trigger(self._on_card_action)
             .build()
         )
         webhook = settings.enabled and settings.mode == "webhook"
@@ -77,6 +101,7 @@ class FeishuBot:
         self._identified = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._starting: asyncio.Task[None] | None = None
+        self._last_event_at: datetime | None = None
 
     async def start(self) -> None:
         if not self._settings.enabled:
@@ -115,56 +140,147 @@ class FeishuBot:
     async def _answer_again(self, unanswered: list[Unanswered]) -> None:
         """Queue the messages whose reply a stopped process never finished, as Feishu has them now."""
         for claim in unanswered:
-            try:
-                message = await self._api.message(claim.message_id)
-                event = fetched_event(message, claim.chat_type)
-            except Exception as exc:  # noqa: BLE001 - network, auth, server or odd data: it stays unanswered
-                log.warning("feishu: message %s cannot be fetched to answer it again (%s)", claim.message_id, exc)
-                continue
-            if message.deleted:
+            event = await self._fetched(claim.message_id, claim.chat_type)
+            if event is None:
                 continue
             log.info("feishu: answering message %s again after a restart", claim.message_id)
-            self._lanes.submit(message.chat_id, Delivery(event, resumed=True))
+            self._lanes.submit(_lane(event), Delivery(event, resumed=True))
 
     def _on_message(self, event: P2ImMessageReceiveV1) -> None:
         # Called by lark-oapi, on its long-connection thread or inside the webhook request: hand
         # the event to the chat's lane and return at once; never raise into the SDK.
+        self._last_event_at = utcnow()
         try:
             assert self._loop is not None
-            self._loop.call_soon_threadsafe(self._lanes.submit, event.event.message.chat_id, Delivery(event))
+            self._loop.call_soon_threadsafe(self._lanes.submit, _lane(event), Delivery(event))
         except Exception:
             log.exception("feishu: an event could not be queued and is dropped")
 
     async def _handle(self, delivery: Delivery) -> None:
         await self._identified.wait()
         message = self._policy.admit(delivery.event)
-        if message is None:
+        if message is None or not (message.addressed or await self._threads.is_follow_up(message)):
             return
         if not delivery.resumed and not await self._policy.first_delivery(message):
             return
-        await self._answer(message, resumed=delivery.resumed)
+        await self._respond(message, attempt=RESUMED if delivery.resumed else "")
         await self._policy.finished(message)
 
-    async def _answer(self, message: IncomingMessage, *, resumed: bool) -> None:
-        in_thread = message.thread_id is not None
-        if message.text is None:
-            await self._replier.text(message.message_id, UNSUPPORTED, in_thread=in_thread)
+    async def _respond(self, message: IncomingMessage, *, attempt: str) -> None:
+        """The answer, or one reply that refuses the message (access, quota)."""
+        in_thread = self._threads.of_answer(message) is not None
+        if await self._refused(Asking.of(message), message.message_id, in_thread=in_thread):
             return
+        await self._threads.answering(message)
+        await self._answer(message, attempt=attempt)
+
+    async def _refused(self, asking: Asking, reply_to: str, *, in_thread: bool) -> bool:
+        """Whether the gate refuses `asking`; if so, the refusal is the reply to `reply_to`."""
+        refusal = self._gate.refusal(asking)
+        if refusal is None:
+            return False
+        log.info("feishu: message %s refused: %s", reply_to, refusal.reason)
+        await self._replier.text(reply_to, refusal.text, in_thread=in_thread)
+        return True
+
+    async def _answer(self, message: IncomingMessage, *, attempt: str) -> None:
+        thread = self._threads.of_answer(message)
+        in_thread = thread is not None
         conversation = Conversation(
             channel="feishu",
             chat_id=message.chat_id,
             chat_type=message.chat_type,
             user_id=message.sender_open_id,
-            thread_id=message.thread_id,
+            thread_id=thread,
         )
-        command = parse_command(message.text)
+        command = None if message.text is None else parse_command(message.text)
         if command is not None:
             reply = await self._commands.run(command, conversation)
             await self._replier.text(message.message_id, reply, in_thread=in_thread)
             return
+        text = await self._reader.model_text(message, conversation)
+        if text is None:
+            notice = self._reader.text_only_notice(message.chat_id)
+            await self._replier.text(message.message_id, notice, in_thread=in_thread)
+            return
         try:
-            turn = self._chat_manager.turn(conversation, message.text)
+            turn = self._chat_manager.turn(conversation, text)
         except InvalidMessage as exc:
             await self._replier.text(message.message_id, str(exc), in_thread=in_thread)
             return
-        await self._replier.stream(message.message_id, turn, in_thread=in_thread, resumed=resumed)
+        async with self._typing.shown_on(message.message_id):
+            await self._replier.stream(
+                message.message_id, turn, in_thread=in_thread, attempt=attempt, actions=card_buttons(message, thread)
+            )
+
+    def status(self) -> FeishuStatus:
+        """How events reach the bot now, and when the last one came; read from any thread."""
+        return FeishuStatus(self._transport_state(), self._last_event_at)
+
+    def _transport_state(self) -> TransportState:
+        if not self._settings.enabled:
+            return TransportState.OFF
+        if self._long_connection is None:
+            return TransportState.WEBHOOK
+        return self._long_connection.state
+
+    async def _fetched(self, message_id: str, chat_type: str) -> P2ImMessageReceiveV1 | None:
+        """The receive event of a message as Feishu has it now; None if it is recalled or cannot be fetched."""
+        try:
+            message = await self._api.message(message_id)
+            event = fetched_event(message, chat_type)
+        except Exception as exc:  # noqa: BLE001 - network, auth, server or odd data: it is not answered
+            log.warning("feishu: message %s cannot be fetched to answer it again (%s)", message_id, exc)
+            return None
+        return None if message.deleted else event
+
+    async def _handle_item(self, item: Delivery | CardClick) -> None:
+        if isinstance(item, CardClick):
+            await self._clicked(item)
+            return
+        await self._handle(item)
+
+    def _on_card_action(self, event: P2CardActionTrigger) -> P2CardActionTriggerResponse:
+        # As _on_message; what this returns is the toast the user sees, which Feishu waits 3 s for.
+        self._last_event_at = utcnow()
+        click = read_click(event)
+        if click is None:
+            log.warning("feishu: a card callback that is not one of the bot's buttons is ignored")
+            return P2CardActionTriggerResponse()
+        try:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._lanes.submit, Lane(click.chat_id, click.thread_id), click)
+        except Exception:
+            log.exception("feishu: a card click could not be queued and is dropped")
+            return toast(CLICK_DROPPED, "error")
+        return toast(click.button.toast)
+
+    async def _clicked(self, click: CardClick) -> None:
+        await self._identified.wait()
+        if not await self._policy.first_click(click.event_id, click.chat_type):
+            return
+        in_thread = click.conversation_thread is not None
+        if await self._refused(Asking.of_click(click), click.question_id, in_thread=in_thread):
+            return
+        log.info("feishu: %s clicked on the answer to message %s", click.button.label, click.question_id)
+        if click.button.action == NEW_SESSION:
+            await self._chat_manager.sessions.reset(click.conversation())
+            return
+        await self._regenerate(click)
+
+    async def _regenerate(self, click: CardClick) -> None:
+        """Answer the question the clicked card answers again, in a reply of its own."""
+        event = await self._fetched(click.question_id, click.chat_type)
+        if event is None:
+            return
+        # The question may be of any age: it is asked again now, so its age is not held against it.
+        asked_s = int(event.event.message.create_time) / 1000
+        message = self._policy.admit(event, now=asked_s)
+        if message is None:
+            return
+        await self._answer(message, attempt=f"regenerate-{click.event_id}")
+
+
+def _lane(event: P2ImMessageReceiveV1) -> Lane:
+    message = event.event.message
+    return Lane(message.chat_id, message.thread_id or None)

@@ -1,10 +1,11 @@
 """Which `im.message.receive_v1` events the bot answers, and what the user said in them.
 
-Private chats always; groups only when this bot is @mentioned (by open_id, never by name), and on
-@all only if configured. Senders that are not users, the bot's own messages and events older than
-`max_event_age` are ignored. Each message is answered once: its id is claimed in the database,
-which survives restarts and is shared by replicas. A claim whose reply was never finished (the
-process stopped meanwhile) is answered again at the next start, by one replica.
+Private chats always; groups when this bot is @mentioned (by open_id, never by name), on @all
+only if configured, and in threads, where a message without a mention may be a follow-up (the
+bot decides: `addressed` is False). Senders that are not users, the bot's own messages and
+events older than `max_event_age` are ignored. Each message is answered once: its id is claimed
+in the database, which survives restarts and is shared by replicas. A claim whose reply was never
+finished (the process stopped meanwhile) is answered again at the next start, by one replica.
 """
 
 from __future__ import annotations
@@ -16,17 +17,17 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 import lark_oapi as lark
-from lark_oapi.api.im.v1 import EventMessage, MentionEvent, Message, P2ImMessageReceiveV1
+from lark_oapi.api.im.v1 import MentionEvent, Message, P2ImMessageReceiveV1
 
+from bot.content import Said, read, resolve_mentions
 from storage import Database, EventRepository, ProcessedEvent, utcnow
 
 log = logging.getLogger(__name__)
 
 MESSAGE_KEY = "feishu:message:"
-PLACEHOLDER = re.compile(r"@_user_\d+")
+CARD_ACTION_KEY = "feishu:card-action:"
 AT_ALL = re.compile(r"@_all(?![A-Za-z0-9_])")
 
 
@@ -39,7 +40,13 @@ class IncomingMessage:
     thread_id: str | None
     message_type: str
     text: str | None
-    """The user's words, mentions resolved; None for a message type the bot cannot read."""
+    """The user's words, mentions resolved, what the model cannot read marked in place ("[image]");
+    None when there are markers but no words (`bot.content`)."""
+    parent_id: str | None = None
+    """The message this one replies to (in a thread: the thread's root)."""
+    root_id: str | None = None
+    addressed: bool = True
+    """False: a group message in a thread that does not @mention the bot."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +81,10 @@ class EventPolicy:
             log.info("feishu: message %s is %.0f s old; dropped unanswered", message.message_id, age_s)
             return None
         mentions = message.mentions or []
-        raw_text = _raw_text(message)
-        if message.chat_type != "p2p" and not self._addressed(mentions, raw_text):
+        said = read(message.message_type or "", message.content)
+        raw_text = said.words
+        addressed = message.chat_type == "p2p" or self._addressed(mentions, raw_text)
+        if not addressed and not message.thread_id:
             return None
         return IncomingMessage(
             message_id=message.message_id,
@@ -84,12 +93,19 @@ class EventPolicy:
             sender_open_id=sender_open_id,
             thread_id=message.thread_id or None,
             message_type=message.message_type,
-            text=None if raw_text is None else self._resolve_mentions(raw_text, mentions),
+            text=self._text(said, mentions),
+            parent_id=message.parent_id or None,
+            root_id=message.root_id or None,
+            addressed=addressed,
         )
 
     async def first_delivery(self, message: IncomingMessage) -> bool:
         """Claim the message; False when it was claimed before (a redelivery or a replay)."""
         return await asyncio.to_thread(self._claim, MESSAGE_KEY + message.message_id, message.chat_type)
+
+    async def first_click(self, event_id: str, chat_type: str) -> bool:
+        """Claim a card click by its callback's event_id; False when it was claimed before."""
+        return await asyncio.to_thread(self._claim, CARD_ACTION_KEY + event_id, chat_type)
 
     async def finished(self, message: IncomingMessage) -> None:
         """The message's reply has been shown (an answer or an error line): its claim is finished."""
@@ -126,8 +142,12 @@ class EventPolicy:
             for m in mentions
             if m.key
         }
-        text = PLACEHOLDER.sub(lambda match: names.get(match.group(), ""), text)
-        return AT_ALL.sub("", text).strip()
+        return AT_ALL.sub("", resolve_mentions(text, names)).strip()
+
+    def _text(self, said: Said, mentions: list[MentionEvent]) -> str | None:
+        resolved = said.map(lambda text: self._resolve_mentions(text, mentions))
+        # Nothing at all is an empty message, which the chat manager refuses as such.
+        return None if resolved.text and not resolved.readable else resolved.text
 
 
 def fetched_event(message: Message, chat_type: str) -> P2ImMessageReceiveV1:
@@ -143,39 +163,11 @@ def fetched_event(message: Message, chat_type: str) -> P2ImMessageReceiveV1:
             "chat_id": message.chat_id,
             "chat_type": chat_type,
             "thread_id": message.thread_id,
+            "parent_id": message.parent_id,
+            "root_id": message.root_id,
             "message_type": message.msg_type,
             "content": message.body.content,
             "mentions": mentions,
         },
     }
     return lark.JSON.unmarshal(json.dumps({"schema": "2.0", "event": event}), P2ImMessageReceiveV1)
-
-
-def _raw_text(message: EventMessage) -> str | None:
-    try:
-        content = json.loads(message.content or "{}")
-    except json.JSONDecodeError:
-        return None
-    if message.message_type == "text":
-        return content.get("text", "")
-    if message.message_type == "post":
-        return _post_text(content)
-    return None
-
-
-def _post_text(content: dict[str, Any]) -> str:
-    # Events carry the post itself; messages fetched by API wrap it in a locale ({"zh_cn": {...}}).
-    post = content if "content" in content else next(iter(content.values()), {})
-    lines = [post["title"]] if post.get("title") else []
-    for paragraph in post.get("content") or []:
-        lines.append("".join(_post_element_text(element) for element in paragraph))
-    return "\n".join(lines)
-
-
-def _post_element_text(element: dict[str, Any]) -> str:
-    tag = element.get("tag")
-    if tag in ("text", "a", "code_block", "md"):
-        return element.get("text", "")
-    if tag == "at":
-        return element.get("user_id", "")
-    return ""

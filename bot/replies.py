@@ -4,8 +4,8 @@ An answer streams into a CardKit card (card JSON 2.0 in streaming mode, sent by 
 reply, its markdown element updated with a strictly increasing sequence, streaming mode closed at
 the end), at most one update per `interval_s`. When CardKit is refused (the app lacks the
 cardkit:card:write scope, or the tenant does not have CardKit) the card is sent whole and patched
-instead. An answer too long for one card continues in the next; if generating or showing the
-answer fails, the card says so in a footer.
+instead. An answer too long for one card continues in the next, and the last card ends with the
+buttons it is given; if generating or showing the answer fails, the card says so in a footer.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Sequence
 from typing import Any, Protocol
 
 from bot.feishu_api import FeishuApi, FeishuApiError
@@ -28,11 +28,13 @@ ERROR_FOOTER = "\n\n---\n⚠️ Something went wrong while I was answering; plea
 CARD_TEXT_LIMIT = 6000
 SUMMARY_CHARS = 60
 
+CardElements = Sequence[dict[str, Any]]
+
 
 class CardWriter(Protocol):
     async def update(self, text: str) -> None: ...
 
-    async def finish(self, text: str) -> None: ...
+    async def finish(self, text: str, actions: CardElements = ()) -> None: ...
 
 
 class Replier:
@@ -45,16 +47,24 @@ class Replier:
         await self._api.reply(message_id, "text", {"text": text}, uuid=_uuid(message_id, "text"), in_thread=in_thread)
 
     async def stream(
-        self, message_id: str, deltas: AsyncIterable[str], *, in_thread: bool, resumed: bool = False
+        self,
+        message_id: str,
+        deltas: AsyncIterable[str],
+        *,
+        in_thread: bool,
+        attempt: str = "",
+        actions: CardElements = (),
     ) -> None:
-        """Stream the answer `deltas` make up into card(s) replying to `message_id`.
+        """Stream the answer `deltas` make up into card(s) replying to `message_id`; `actions`
+        (card JSON 2.0 elements: its buttons) end the last card.
 
         A card is never left streaming: if generating or showing the answer fails, or the reply
         is cancelled, the card is finished with what it has and an error line. This raises only
-        when even that cannot be shown. A `resumed` answer (after a restart) sends cards of its
-        own: Feishu would answer a repeated uuid with the card that was left unfinished."""
+        when even that cannot be shown. A later `attempt` at answering the message ("resumed"
+        after a restart, a click's for a regenerate) sends cards of its own: Feishu would answer a
+        repeated uuid with the card it sent before."""
         part = 0
-        card = await self._open_card(message_id, part, in_thread, resumed)
+        card = await self._open_card(message_id, part, in_thread, attempt)
         text = ""
         try:
             next_update = time.monotonic() + self._interval_s
@@ -64,21 +74,21 @@ class Replier:
                     cut = _split_point(text, self._card_text_limit)
                     await card.finish(text[:cut])
                     text, part = text[cut:], part + 1
-                    card = await self._open_card(message_id, part, in_thread, resumed)
+                    card = await self._open_card(message_id, part, in_thread, attempt)
                 if time.monotonic() >= next_update:
                     await card.update(text)
                     next_update = time.monotonic() + self._interval_s
-            await card.finish(text)
+            await card.finish(text, actions)
         except asyncio.CancelledError:
             log.warning("feishu: the answer to %s was cancelled", message_id)
-            await card.finish(text + ERROR_FOOTER)
+            await card.finish(text + ERROR_FOOTER, actions)
             raise
         except Exception:
             log.exception("feishu: answering %s failed", message_id)
-            await card.finish(text + ERROR_FOOTER)
+            await card.finish(text + ERROR_FOOTER, actions)
 
-    async def _open_card(self, message_id: str, part: int, in_thread: bool, resumed: bool) -> CardWriter:
-        reply_uuid = _uuid(message_id, f"card-{part}-resumed" if resumed else f"card-{part}")
+    async def _open_card(self, message_id: str, part: int, in_thread: bool, attempt: str) -> CardWriter:
+        reply_uuid = _uuid(message_id, f"card-{part}-{attempt}" if attempt else f"card-{part}")
         try:
             card_id = await self._api.create_card(_card(PLACEHOLDER, streaming=True))
         except FeishuApiError as exc:
@@ -115,13 +125,25 @@ class StreamingCard:
         )
         self._shown = text
 
-    async def finish(self, text: str) -> None:
+    async def finish(self, text: str, actions: CardElements = ()) -> None:
         await self.update(text)
+        if actions:
+            await self._append(actions)
         sequence = self._next_sequence()
         settings = {"config": {"streaming_mode": False, "summary": {"content": _summary(self._shown)}}}
         await self._api.set_card_settings(
             self._card_id, settings, sequence=sequence, uuid=_uuid(self._card_id, sequence)
         )
+
+    async def _append(self, elements: CardElements) -> None:
+        # The answer is whole without its buttons: a card that cannot take them is still finished.
+        sequence = self._next_sequence()
+        try:
+            await self._api.append_card_elements(
+                self._card_id, list(elements), sequence=sequence, uuid=_uuid(self._card_id, sequence)
+            )
+        except FeishuApiError as exc:
+            log.warning("feishu: card %s is finished without its buttons (%s)", self._card_id, exc)
 
     def _next_sequence(self) -> int:
         self._sequence += 1
@@ -139,14 +161,20 @@ class PatchedCard:
     async def update(self, text: str) -> None:
         if not text or text == self._shown:
             return
-        await self._api.patch_card(self._message_id, _card(text, streaming=False))
+        await self._patch(text)
+
+    async def finish(self, text: str, actions: CardElements = ()) -> None:
+        if not actions:
+            await self.update(text)
+            return
+        await self._patch(text or self._shown, actions)
+
+    async def _patch(self, text: str, actions: CardElements = ()) -> None:
+        await self._api.patch_card(self._message_id, _card(text, streaming=False, actions=actions))
         self._shown = text
 
-    async def finish(self, text: str) -> None:
-        await self.update(text)
 
-
-def _card(text: str, *, streaming: bool) -> dict[str, Any]:
+def _card(text: str, *, streaming: bool, actions: CardElements = ()) -> dict[str, Any]:
     config: dict[str, Any] = {"update_multi": True, "summary": {"content": _summary(text)}}
     if streaming:
         config |= {
@@ -161,7 +189,7 @@ def _card(text: str, *, streaming: bool) -> dict[str, Any]:
     return {
         "schema": "2.0",
         "config": config,
-        "body": {"elements": [{"tag": "markdown", "element_id": ANSWER_ELEMENT, "content": text}]},
+        "body": {"elements": [{"tag": "markdown", "element_id": ANSWER_ELEMENT, "content": text}, *actions]},
     }
 
 

@@ -2,7 +2,8 @@
 
 The webhook authenticates and decrypts a request itself, then hands the event to lark-oapi as
 the long connection does. Either way lark-oapi decodes the event and calls the dispatcher's
-handler, which must return at once: Feishu redelivers anything not acknowledged within 3 s.
+handler, which must return at once: Feishu redelivers anything not acknowledged within 3 s. A
+callback (`card.action.trigger`) is answered with what its handler returns, a toast.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from lark_oapi.core.utils import AESCipher
 from starlette.datastructures import Headers
+
+from bot.status import TransportState
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ class LongConnection:
         self._dispatcher = dispatcher
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="feishu-long-connection", daemon=True)
+        self._client: lark.ws.Client | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -70,7 +74,7 @@ class LongConnection:
         asyncio.set_event_loop(self._loop)
         # The SDK module captured whatever loop was current at import and runs everything on it.
         lark_ws_client.loop = self._loop
-        client = lark.ws.Client(
+        client = self._client = lark.ws.Client(
             self._app_id,
             self._app_secret,
             event_handler=self._dispatcher,
@@ -87,6 +91,17 @@ class LongConnection:
             self._loop.run_until_complete(_close(client))
             self._loop.close()
         log.info("feishu long connection closed")
+
+    @property
+    def state(self) -> TransportState:
+        """Read from any thread: the SDK holds its websocket in `_conn` while it is open and sets it to
+        None as soon as it drops, before retrying (it has no public way to ask, and no callback for
+        the first connection)."""
+        if self._client is None:
+            return TransportState.CONNECTING
+        if not self._thread.is_alive():
+            return TransportState.STOPPED
+        return TransportState.CONNECTED if self._client._conn is not None else TransportState.RECONNECTING
 
 
 def _cancel_all_tasks() -> None:
@@ -121,10 +136,12 @@ def webhook_router(dispatcher: lark.EventDispatcherHandler, *, encrypt_key: str,
         try:
             # Authenticated already: this is how the SDK's own long connection dispatches. Its
             # do() would decrypt again and log a traceback for any event it cannot handle.
-            dispatcher._do_without_validation(plaintext)
+            answer = dispatcher._do_without_validation(plaintext)
         except Exception as exc:  # noqa: BLE001 - whatever the SDK raises, the event is not handled
             log.warning("feishu webhook: event not handled: %s: %s", type(exc).__name__, exc)
             return JSONResponse(NOT_HANDLED, status_code=400)
+        if answer is not None:  # a callback's (a card click's): Feishu shows it to the user
+            return Response(lark.JSON.marshal(answer), media_type="application/json")
         return JSONResponse({"msg": "success"})
 
     return router

@@ -7,9 +7,11 @@ config.yaml carries the same keys with a comment each (a test holds the two equa
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from collections.abc import Callable
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine import EngineConfig
@@ -148,6 +150,23 @@ class CacheSettings(Section):
     lookup_budget_ms: int = Field(250, ge=1, le=60_000)
 
 
+def _feishu_id(prefix: str, kind: str) -> Callable[[str], str]:
+    """A check that a value is a Feishu id of one kind, told by its prefix: a user's id where a
+    chat's belongs (or a name) would silently let nobody in."""
+    pattern = re.compile(rf"{prefix}[A-Za-z0-9_-]+")
+
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise PydanticCustomError("feishu_id", "expected {kind} ({prefix}...)", {"kind": kind, "prefix": prefix})
+        return value
+
+    return check
+
+
+OpenId = Annotated[str, AfterValidator(_feishu_id("ou_", "a user's open_id"))]
+ChatId = Annotated[str, AfterValidator(_feishu_id("oc_", "a chat_id"))]
+
+
 class FeishuSettings(Section):
     mode: Literal["longconn", "webhook"] = "longconn"
     app_id: str = ""
@@ -158,7 +177,16 @@ class FeishuSettings(Section):
     max_event_age_s: int = Field(600, ge=10)
     dedup_ttl_s: int = Field(172_800, ge=86_400)
     stream_interval_ms: int = Field(300, ge=50, le=10_000)
+    typing_reaction: bool = True
     answer_at_all: bool = False
+    thread_follow_up: bool = True
+    reply_in_thread: bool = False
+    dm_policy: Literal["open", "allowlist"] = "open"
+    allowed_users: tuple[OpenId, ...] = ()
+    allowed_chats: tuple[ChatId, ...] = ()
+    admins: tuple[OpenId, ...] = ()
+    requests_per_minute: int = Field(20, ge=0)
+    max_concurrent_per_chat: int = Field(2, ge=1)
 
     @field_validator("verification_token")
     @classmethod

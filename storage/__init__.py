@@ -1,6 +1,13 @@
 from storage.db import Database
-from storage.models import Base, CacheEntry, Chat, ChatSession, Message, ProcessedEvent, utcnow
-from storage.repositories import CacheRepository, ChatRepository, EventRepository, MessageRepository, SessionRepository
+from storage.models import Base, CacheEntry, Chat, ChatSession, FollowedThread, Message, ProcessedEvent, utcnow
+from storage.repositories import (
+    CacheRepository,
+    ChatRepository,
+    EventRepository,
+    MessageRepository,
+    SessionRepository,
+    ThreadRepository,
+)
 
 __all__ = [
     "Base",
@@ -11,9 +18,11 @@ __all__ = [
     "ChatSession",
     "Database",
     "EventRepository",
+    "FollowedThread",
     "Message",
     "MessageRepository",
     "ProcessedEvent",
     "SessionRepository",
+    "ThreadRepository",
     "utcnow",
 ]

@@ -165,3 +165,13 @@ class CacheEntry(Base):
     hits: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     last_hit_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class FollowedThread(Base):
+    """A Feishu thread the bot answered in, named by its first message: until `expires_at`, a
+    message in it is answered without an @mention."""
+
+    __tablename__ = "followed_threads"
+
+    root_message_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)

@@ -9,7 +9,7 @@ from sqlalchemy import CursorResult, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from storage.models import CacheEntry, Chat, ChatSession, Message, ProcessedEvent, utcnow
+from storage.models import CacheEntry, Chat, ChatSession, FollowedThread, Message, ProcessedEvent, utcnow
 
 
 class ChatRepository:
@@ -195,3 +195,34 @@ class CacheRepository:
 
     def delete_all(self) -> None:
         self.session.execute(delete(CacheEntry))
+
+
+class ThreadRepository:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def follow(self, root_message_id: str, ttl: timedelta, now: datetime | None = None) -> None:
+        """Follow the thread until `ttl` from now, again if it is followed already."""
+        expires_at = (now or utcnow()) + ttl
+        followed = update(FollowedThread).where(FollowedThread.root_message_id == root_message_id)
+        result = self.session.execute(followed.values(expires_at=expires_at))
+        assert isinstance(result, CursorResult)  # what an UPDATE returns
+        if result.rowcount:
+            return
+        try:
+            with self.session.begin_nested():
+                self.session.add(FollowedThread(root_message_id=root_message_id, expires_at=expires_at))
+        except IntegrityError:
+            # Another replica answered in the thread at the same moment: it follows it as long.
+            return
+
+    def followed(self, root_message_id: str, now: datetime | None = None) -> bool:
+        expires_at = self.session.scalar(
+            select(FollowedThread.expires_at).where(FollowedThread.root_message_id == root_message_id)
+        )
+        return expires_at is not None and expires_at > (now or utcnow())
+
+    def purge_expired(self, now: datetime | None = None) -> int:
+        result = self.session.execute(delete(FollowedThread).where(FollowedThread.expires_at <= (now or utcnow())))
+        assert isinstance(result, CursorResult)  # what a DELETE returns
+        return result.rowcount

@@ -122,7 +122,11 @@ def test_readyz_is_503_when_the_database_is_unreachable(tmp_path: Path) -> None:
         app.state.chat_manager.sessions.db.sql_engine.dispose()
         ready = client.get("/readyz")
     assert ready.status_code == 503
-    assert ready.json() == {"status": "not ready", "checks": {"database": False, "model": True}}
+    assert ready.json() == {
+        "status": "not ready",
+        "checks": {"database": False, "model": True, "feishu": True},
+        "transports": {"feishu": "off"},
+    }
 
 
 def _until_running(app: AppProcess, count: int) -> None:

@@ -8,6 +8,7 @@ from fastapi import Depends, Request
 
 from chat import ChatManager, SessionStore
 from settings import Settings
+from web.health import TransportProbe
 from web.limits import LoginThrottle, RateLimiter
 from web.monitor import Monitor
 from web.telemetry import Telemetry
@@ -47,6 +48,11 @@ def _monitor(request: Request) -> Monitor:
     return monitor
 
 
+def _transports(request: Request) -> dict[str, TransportProbe]:
+    transports: dict[str, TransportProbe] = request.app.state.transports
+    return transports
+
+
 ChatManagerDep = Annotated[ChatManager, Depends(_chat_manager)]
 SessionsDep = Annotated[SessionStore, Depends(_sessions)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
@@ -54,3 +60,4 @@ RateLimiterDep = Annotated[RateLimiter, Depends(_rate_limiter)]
 LoginThrottleDep = Annotated[LoginThrottle, Depends(_login_throttle)]
 TelemetryDep = Annotated[Telemetry, Depends(_telemetry)]
 MonitorDep = Annotated[Monitor, Depends(_monitor)]
+TransportsDep = Annotated[dict[str, TransportProbe], Depends(_transports)]

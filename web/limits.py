@@ -17,9 +17,9 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from chat.rate_limits import TokenBuckets
 from web.errors import WebError
 
-MAX_TRACKED_USERS = 10_000
 MAX_TRACKED_CLIENTS = 10_000
 FREE_LOGIN_FAILURES = 5
 MAX_LOGIN_BACKOFF_S = 900.0
@@ -97,44 +97,25 @@ class BodySizeLimit:
         await error.response()(scope, receive, send)
 
 
-class RateLimiter:
-    """A token bucket per client: `per_minute` requests a minute on average, bursts of as many.
-    0 turns the limit off. The API and the chat page share a client's bucket."""
-
-    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.per_minute = per_minute
-        self._clock = clock
-        self._buckets: dict[str, tuple[float, float]] = {}  # user -> (tokens, updated)
+class RateLimiter(TokenBuckets):
+    """A token bucket per client (chat/rate_limits.py). The API and the chat page share a
+    client's bucket."""
 
     def check_client(self, request: Request, api_key: str) -> None:
         self.check(client_key(request, api_key))
 
     def check(self, user: str) -> None:
         """Take one request from `user`'s bucket, or raise 429 saying when the next one is allowed."""
-        if not self.per_minute:
+        wait_s = self.take(user)
+        if not wait_s:
             return
-        now = self._clock()
-        rate = self.per_minute / 60.0
-        tokens, updated = self._buckets.get(user, (float(self.per_minute), now))
-        tokens = min(float(self.per_minute), tokens + (now - updated) * rate)
-        if tokens < 1.0:
-            self._buckets[user] = (tokens, now)
-            wait_s = math.ceil((1.0 - tokens) / rate)
-            raise WebError(
-                429,
-                f"Too many requests: at most {self.per_minute} a minute per client. Retry in {wait_s} s.",
-                type="rate_limit_error",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": str(wait_s)},
-            )
-        self._buckets[user] = (tokens - 1.0, now)
-        if len(self._buckets) > MAX_TRACKED_USERS:
-            self._forget_idle(now)
-
-    def _forget_idle(self, now: float) -> None:
-        """Drop buckets that have refilled: forgetting them changes nothing."""
-        full_after_s = 60.0
-        self._buckets = {user: b for user, b in self._buckets.items() if now - b[1] < full_after_s}
+        raise WebError(
+            429,
+            f"Too many requests: at most {self.per_minute} a minute per client. Retry in {wait_s} s.",
+            type="rate_limit_error",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(wait_s)},
+        )
 
 
 @dataclass

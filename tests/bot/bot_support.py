@@ -54,12 +54,14 @@ class AppServer:
 
     def assistant_texts(self) -> list[str]:
         """Every assistant message the app stored, oldest first."""
+        return self.stored_texts("assistant")
+
+    def stored_texts(self, role: str) -> list[str]:
+        """Every message of `role` the app stored, oldest first: a user's is what the model was asked."""
         database = Database(str(self.settings.storage.url))
         try:
             with database.session() as session:
-                return list(
-                    session.scalars(select(Message.text).where(Message.role == "assistant").order_by(Message.id))
-                )
+                return list(session.scalars(select(Message.text).where(Message.role == role).order_by(Message.id)))
         finally:
             database.close()
 
@@ -103,3 +105,42 @@ def final_text(fake: FakeFeishu, message_id: str, timeout_s: float = 30.0) -> st
 
 def _streaming(fake: FakeFeishu, message: SentMessage) -> bool:
     return message.content.get("type") == "card" and fake.card_of(message).streaming
+
+
+def start_connected(settings: Settings, fake: FakeFeishu) -> AppServer:
+    """An app on the fake's long connection, once connected: the fake pushes on the newest one."""
+    opened = fake.connections_opened
+    server = AppServer(settings).start()
+    wait_for(lambda: fake.connections_opened > opened, 60, what="the long connection")
+    return server
+
+
+def engine_requests(app: AppServer) -> int:
+    """The requests the app's engine has taken so far: finished, running or waiting."""
+    figures = app.app.state.chat_manager.engine.figures()
+    return sum(figures.activity.finish_reasons.values()) + figures.requests.running + figures.requests.waiting
+
+
+def pushed(fake: FakeFeishu, event: dict[str, Any]) -> str:
+    """Deliver `event` on the long connection; returns its message_id."""
+    assert fake.push(event) == 200
+    message_id: str = event["event"]["message"]["message_id"]
+    return message_id
+
+
+def webhook_app_settings(workdir: Path, fake: FakeFeishu, **feishu: Any) -> Settings:
+    """Settings for an app that takes events by webhook: for a test's own app beside a module's,
+    since apps on long connections in one process would share lark-oapi's module-level loop."""
+    return app_settings(
+        workdir, fake, mode="webhook", encrypt_key="test-encrypt-key", verification_token="test-token", **feishu
+    )
+
+
+def posted(fake: FakeFeishu, app: AppServer, event: dict[str, Any]) -> str:
+    """Deliver `event` to the app's webhook, as Feishu does for that app; returns its message_id."""
+    feishu = app.settings.feishu
+    event["header"]["token"] = feishu.verification_token
+    response = fake.post_event(f"{app.base_url}/feishu/events", event, encrypt_key=feishu.encrypt_key)
+    assert response.status_code == 200
+    message_id: str = event["event"]["message"]["message_id"]
+    return message_id

@@ -21,5 +21,6 @@ def fake() -> Iterator[FakeFeishu]:
 def _switches_off(fake: FakeFeishu) -> Iterator[None]:
     yield
     fake.refuse_cardkit = False
+    fake.refuse_connections = False
     fake.rate_limit(0)
     fake.fail("", 0)

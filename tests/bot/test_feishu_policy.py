@@ -15,7 +15,7 @@ from bot.commands import Command, parse_command
 from bot.feishu_api import FeishuApi
 from bot.policy import EventPolicy, fetched_event
 from storage import Database
-from tests.fakes.events import BOT_OPEN_ID, bot_mention, mention, message_event
+from tests.fakes.events import BOT_OPEN_ID, bot_mention, mention, message_event, reply_event
 from tests.fakes.feishu import FakeFeishu
 
 
@@ -93,13 +93,39 @@ def test_a_rich_text_post_becomes_plain_text(policy: EventPolicy) -> None:
 
     message = policy.admit(decoded(message_type="post", content=post, chat_type="group", mentions=[bot_mention(1)]))
 
-    assert message is not None and message.text == "Question\n how do I deploy?\nmake deploy"
+    assert message is not None and message.text == "Question\n how do I deploy?\n[image]make deploy"
 
 
 def test_other_message_types_are_admitted_without_text(policy: EventPolicy) -> None:
     message = policy.admit(decoded(message_type="image", content={"image_key": "img_1"}))
 
     assert message is not None and message.text is None
+
+
+def test_a_mention_and_an_image_have_no_text_but_a_mention_alone_is_an_empty_message(policy: EventPolicy) -> None:
+    mention_only = [{"tag": "at", "user_id": "@_user_1", "user_name": "Clawdbot"}]
+    with_image = [*mention_only, {"tag": "img", "image_key": "img_1"}]
+    group = {"message_type": "post", "chat_type": "group", "mentions": [bot_mention(1)]}
+
+    image = policy.admit(decoded(content={"title": "", "content": [with_image]}, **group))
+    empty = policy.admit(decoded(content={"title": "", "content": [mention_only]}, **group))
+
+    assert image is not None and image.text is None
+    assert empty is not None and empty.text == ""
+
+
+async def test_a_reply_knows_the_message_it_answers_also_when_fetched_again(
+    policy: EventPolicy, fake: FakeFeishu
+) -> None:
+    event = reply_event(parent_id="om_parent", root_id="om_root", chat_id="oc_fetched", text="why?")
+    fake.remember(event)
+    api = FeishuApi.connect("cli_policy_reply", "secret", fake.domain)
+
+    delivered = policy.admit(lark.JSON.unmarshal(json.dumps(event), P2ImMessageReceiveV1))
+    fetched = policy.admit(fetched_event(await api.message(event["event"]["message"]["message_id"]), "p2p"))
+
+    assert delivered is not None and (delivered.parent_id, delivered.root_id) == ("om_parent", "om_root")
+    assert fetched == delivered
 
 
 @pytest.mark.parametrize(

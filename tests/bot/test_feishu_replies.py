@@ -139,7 +139,7 @@ async def test_a_resumed_answer_gets_a_card_of_its_own(api: FeishuApi, fake: Fak
     with pytest.raises(FeishuApiError):
         await Replier(api, interval_s=0.0).stream(message_id, words("lost"), in_thread=False)
 
-    await Replier(api, interval_s=0.0).stream(message_id, words("found again"), in_thread=False, resumed=True)
+    await Replier(api, interval_s=0.0).stream(message_id, words("found again"), in_thread=False, attempt="resumed")
 
     stuck, resumed = fake.replies_to(message_id)
     assert fake.card_of(stuck).streaming

@@ -119,3 +119,64 @@ def signature_headers(body: bytes, encrypt_key: str, *, timestamp: int | str | N
         "X-Lark-Signature": signature,
         "Content-Type": "application/json",
     }
+
+
+def reply_event(*, parent_id: str, root_id: str | None = None, **fields: Any) -> dict[str, Any]:
+    """A message that replies to `parent_id`; in a thread every message replies to its root."""
+    event = message_event(**fields)
+    event["event"]["message"] |= {"parent_id": parent_id, "root_id": root_id or parent_id}
+    return event
+
+
+def post_event(*, paragraphs: list[list[dict[str, Any]]], title: str = "", **fields: Any) -> dict[str, Any]:
+    """A rich-text post: a title and paragraphs of elements (text, a, at, img, media, emotion, ...)."""
+    return message_event(message_type="post", content={"title": title, "content": paragraphs}, **fields)
+
+
+def image_event(**fields: Any) -> dict[str, Any]:
+    return message_event(message_type="image", content={"image_key": f"img_v3_{uuid.uuid4().hex[:12]}"}, **fields)
+
+
+def merge_forward_event(**fields: Any) -> dict[str, Any]:
+    """A merged forward: its content is fixed; what it carries is read through the Open API."""
+    return message_event(message_type="merge_forward", content={"content": "Merged and Forwarded Message"}, **fields)
+
+
+def mentioning_bot(text: str) -> dict[str, Any]:
+    """The `text` and `mentions` of a message that @mentions the bot, then says `text`."""
+    return {"text": f"@_user_1 {text}", "mentions": [bot_mention(1)]}
+
+
+def card_action_event(
+    *,
+    value: dict[str, Any],
+    chat_id: str,
+    card_message_id: str,
+    operator_open_id: str = USER_OPEN_ID,
+    app_id: str = "cli_test",
+    token: str = "",
+) -> dict[str, Any]:
+    """A `card.action.trigger` callback (schema 2.0): a click on a button whose value is `value`."""
+    return {
+        "schema": "2.0",
+        "header": {
+            "event_id": uuid.uuid4().hex,
+            "event_type": "card.action.trigger",
+            "create_time": str(int(time.time() * 1_000_000)),
+            "token": token,
+            "app_id": app_id,
+            "tenant_key": "tenant",
+        },
+        "event": {
+            "operator": {
+                "tenant_key": "tenant",
+                "open_id": operator_open_id,
+                "union_id": f"on_{operator_open_id}",
+                "user_id": "",
+            },
+            "token": f"c-{uuid.uuid4().hex}",
+            "action": {"tag": "button", "value": value},
+            "host": "im_message",
+            "context": {"open_message_id": card_message_id, "open_chat_id": chat_id},
+        },
+    }

@@ -6,14 +6,29 @@ connection (endpoint discovery plus protobuf frames from `lark_oapi.ws.pb`). It 
 the way Feishu does (a data frame on the long connection, or a signed POST to a webhook) and
 records everything the bot sends: `calls` in order, `messages` by id, `cards` by card id.
 
+What the bot reads: a message by id (one delivered or `remember`ed, or one the bot sent: a card as
+its JSON when asked with card_msg_content_type=raw_card_content, else as Feishu shows a streamed
+card, "upgrade your client"), a merged forward with the messages it carries (`forward`), and a
+user's name (`users`; anyone else is refused as outside the app's contact range).
+
 Switches: `rate_limit(n)` answers the next n OpenAPI calls with HTTP 429 / code 99991400;
 `refuse_cardkit` answers CardKit calls with a permission error; `fail(fragment, n)` answers the
-next n calls whose path contains `fragment` with a server error.
+next n calls whose path contains `fragment` with a server error; `hold(fragment)` keeps the calls
+whose path contains `fragment` waiting until `release(fragment)`; `refuse_connections` answers
+the long connection's endpoint discovery with 503, so the SDK keeps retrying until it is cleared.
+
+Threads: a reply goes in the thread of the message it replies to, or with reply_in_thread opens
+one on it, as Feishu does; `threads` has the threads replies opened, by their first message.
+
+Reactions and card buttons: `reactions` has every reaction added (and whether it was removed);
+CardKit elements can be appended to a card; `push_callback` delivers a `card.action.trigger` on
+the long connection and returns the client's answer (`post_event` does it on a webhook).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import json
 import threading
@@ -35,6 +50,9 @@ RATE_LIMIT_CODE = 99991400
 CARDKIT_DENIED_CODE = 99991672
 SEQUENCE_CODE = 300317
 SERVER_ERROR_CODE = 1500
+NO_USER_AUTHORITY_CODE = 41050
+# How Feishu shows a card sent by card_id (a streamed one) to a reader that does not ask for its JSON.
+UPGRADE_CARD = {"title": "", "elements": [[{"tag": "text", "text": "请升级至最新版本客户端，以查看内容"}]]}
 FRAME_CONTROL, FRAME_DATA = 0, 1
 
 
@@ -55,6 +73,8 @@ class SentMessage:
     reply_to: str | None = None
     reply_in_thread: bool = False
     patches: list[dict[str, Any]] = field(default_factory=list)
+    app_id: str = ""
+    thread_id: str | None = None
 
 
 @dataclass
@@ -69,6 +89,14 @@ class CardEntity:
 
     def element(self, element_id: str) -> dict[str, Any] | None:
         return next((e for e in _elements(self.card) if e.get("element_id") == element_id), None)
+
+
+@dataclass
+class Reaction:
+    reaction_id: str
+    message_id: str
+    emoji_type: str
+    removed: bool = False
 
 
 @dataclass
@@ -92,18 +120,24 @@ class FakeFeishu:
         self.calls: list[Call] = []
         self.messages: dict[str, SentMessage] = {}
         self.cards: dict[str, CardEntity] = {}
+        self.users: dict[str, str] = {}
+        self._carried: dict[str, list[dict[str, Any]]] = {}
         self.refuse_cardkit = False
         self.rate_limited = 0
         self.connections_opened = 0
+        self.reactions: dict[str, Reaction] = {}
+        self.refuse_connections = False
         self._rate_limit_left = 0
         self._rate_limit_reset_s = 1
         self._inbound: dict[str, dict[str, Any]] = {}
         self._failing, self._failures_left = "", 0
-        self._tokens: set[str] = set()
+        self.threads: dict[str, str] = {}  # first message id -> thread_id
+        self._holds: dict[str, asyncio.Event] = {}
+        self._tokens: dict[str, str] = {}  # token -> app_id
         self._uuids: dict[str, str] = {}
         self._ids = itertools.count(1)
         self._connections: list[_Connection] = []
-        self._acks: dict[str, asyncio.Future[int]] = {}
+        self._acks: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server = uvicorn.Server(
             uvicorn.Config(
@@ -133,13 +167,23 @@ class FakeFeishu:
         """Answer the next `times` OpenAPI calls whose path contains `fragment` with HTTP 500."""
         self._failing, self._failures_left = fragment, times
 
+    def hold(self, fragment: str) -> None:
+        """Keep the OpenAPI calls whose path contains `fragment` waiting (recorded) until `release`."""
+        self._holds[fragment] = asyncio.Event()
+
+    def release(self, fragment: str) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._holds.pop(fragment).set)
+
     # --- delivering events -----------------------------------------------------------------------
 
     def push(self, event: dict[str, Any], timeout_s: float = 10.0) -> int:
         """Deliver `event` on the long connection; returns the status code of the client's ack."""
         self.remember(event)
         assert self._loop is not None, "fake Feishu is not running"
-        return asyncio.run_coroutine_threadsafe(self._push(event, timeout_s), self._loop).result(timeout_s + 1)
+        ack = asyncio.run_coroutine_threadsafe(self._push(event, timeout_s), self._loop).result(timeout_s + 1)
+        code: int = ack["code"]
+        return code
 
     def post_event(
         self,
@@ -176,9 +220,7 @@ class FakeFeishu:
         """What the user sees in `message` now: its text, or the text of its (patched or CardKit) card."""
         if message.msg_type == "text":
             return message.content["text"]
-        card = message.patches[-1] if message.patches else message.content
-        if card.get("type") == "card":
-            card = self.cards[card["data"]["card_id"]].card
+        card = self.shown_card(message)
         return "".join(e.get("content", "") for e in _elements(card) if e.get("tag") in ("markdown", "plain_text"))
 
     def card_of(self, message: SentMessage) -> CardEntity:
@@ -191,6 +233,49 @@ class FakeFeishu:
 
     def calls_to(self, fragment: str) -> list[Call]:
         return [c for c in list(self.calls) if fragment in c.path]
+
+    # --- messages as the Open API reads them -----------------------------------------------------
+
+    def forward(self, event: dict[str, Any], carried: list[dict[str, Any]]) -> None:
+        """Know `event`, a merged forward, and the messages it carries (events of their own chats)."""
+        self.remember(event)
+        forward_id = event["event"]["message"]["message_id"]
+        self._carried[forward_id] = [_api_message(e["event"]) | {"upper_message_id": forward_id} for e in carried]
+
+    def shown_card(self, message: SentMessage) -> dict[str, Any]:
+        """The card JSON `message` shows now: as sent, as last patched, or its CardKit card's."""
+        card = message.patches[-1] if message.patches else message.content
+        return self.cards[card["data"]["card_id"]].card if card.get("type") == "card" else card
+
+    def _items(self, message_id: str, *, raw_cards: bool) -> list[dict[str, Any]]:
+        if message_id in self._inbound:
+            return [_api_message(self._inbound[message_id]), *self._carried.get(message_id, [])]
+        return [self._api_sent(self._message(message_id), raw_cards=raw_cards)]
+
+    def _api_sent(self, message: SentMessage, *, raw_cards: bool) -> dict[str, Any]:
+        """A message the bot sent, as GET /im/v1/messages/{id} has it: its sender is the app."""
+        content = message.content
+        if message.msg_type == "interactive":
+            content = {"json_card": json.dumps(self.shown_card(message))} if raw_cards else UPGRADE_CARD
+        now_ms = str(int(time.time() * 1000))
+        return {
+            "message_id": message.message_id,
+            "root_id": message.reply_to or "",
+            "parent_id": message.reply_to or "",
+            "thread_id": message.thread_id or "",
+            "msg_type": message.msg_type,
+            "create_time": now_ms,
+            "update_time": now_ms,
+            "deleted": False,
+            "updated": bool(message.patches),
+            "chat_id": message.chat_id,
+            "sender": {"id": message.app_id, "id_type": "app_id", "sender_type": "app", "tenant_key": "tenant"},
+            "body": {"content": json.dumps(content, ensure_ascii=False)},
+            "mentions": [],
+        }
+
+    def _app_id(self, request: Request) -> str:
+        return self._tokens.get(request.headers.get("authorization", "").removeprefix("Bearer "), "")
 
     # --- the server ------------------------------------------------------------------------------
 
@@ -210,7 +295,7 @@ class FakeFeishu:
         async def tenant_token(request: Request) -> dict[str, Any]:
             body = await request.json()
             token = f"t-{body['app_id']}-{next(self._ids)}"
-            self._tokens.add(token)
+            self._tokens[token] = body["app_id"]
             return {"code": 0, "msg": "ok", "tenant_access_token": token, "expire": 7200}
 
         @app.get("/open-apis/bot/v3/info")
@@ -231,20 +316,27 @@ class FakeFeishu:
         @app.post("/open-apis/im/v1/messages")
         async def create_message(request: Request) -> dict[str, Any]:
             body = await self._admit(request)
-            return self._send(body, chat_id=body["receive_id"])
+            return self._send(body, chat_id=body["receive_id"], app_id=self._app_id(request))
 
         @app.post("/open-apis/im/v1/messages/{message_id}/reply")
         async def reply_message(message_id: str, request: Request) -> dict[str, Any]:
             body = await self._admit(request)
             inbound = self._inbound.get(message_id)
-            return self._send(body, chat_id=inbound["message"]["chat_id"] if inbound else "", reply_to=message_id)
+            chat_id = inbound["message"]["chat_id"] if inbound else ""
+            return self._send(body, chat_id=chat_id, app_id=self._app_id(request), reply_to=message_id)
 
         @app.get("/open-apis/im/v1/messages/{message_id}")
         async def get_message(message_id: str, request: Request) -> dict[str, Any]:
             await self._admit(request)
-            if message_id not in self._inbound:
-                raise _Refusal(400, 230011, "message not found")
-            return {"code": 0, "msg": "success", "data": {"items": [_api_message(self._inbound[message_id])]}}
+            raw_cards = request.query_params.get("card_msg_content_type") == "raw_card_content"
+            return {"code": 0, "msg": "success", "data": {"items": self._items(message_id, raw_cards=raw_cards)}}
+
+        @app.get("/open-apis/contact/v3/users/{user_id}")
+        async def get_user(user_id: str, request: Request) -> dict[str, Any]:
+            await self._admit(request)
+            if request.query_params.get("user_id_type") != "open_id" or user_id not in self.users:
+                raise _Refusal(400, NO_USER_AUTHORITY_CODE, "no user authority error")
+            return {"code": 0, "msg": "success", "data": {"user": {"open_id": user_id, "name": self.users[user_id]}}}
 
         @app.patch("/open-apis/im/v1/messages/{message_id}")
         async def patch_message(message_id: str, request: Request) -> dict[str, Any]:
@@ -284,6 +376,8 @@ class FakeFeishu:
 
         @app.post("/callback/ws/endpoint")
         async def ws_endpoint(request: Request) -> dict[str, Any]:
+            if self.refuse_connections:
+                raise _Refusal(503, 1, "system busy")
             body = await request.json()
             if not body.get("AppID") or not body.get("AppSecret"):
                 return {"code": 1000040344, "msg": "app_id and app_secret are required"}
@@ -316,6 +410,7 @@ class FakeFeishu:
             finally:
                 self._connections.remove(connection)
 
+        self._add_reaction_and_card_routes(app)
         return app
 
     async def _admit(self, request: Request, *, cardkit: bool = False) -> dict[str, Any]:
@@ -325,6 +420,9 @@ class FakeFeishu:
         token = request.headers.get("authorization", "").removeprefix("Bearer ")
         if token not in self._tokens:
             raise _Refusal(400, 99991663, "Invalid access token for authorization")
+        for fragment, released in list(self._holds.items()):
+            if fragment in request.url.path:
+                await released.wait()
         if self._rate_limit_left > 0:
             self._rate_limit_left -= 1
             self.rate_limited += 1
@@ -341,7 +439,7 @@ class FakeFeishu:
             raise _Refusal(400, CARDKIT_DENIED_CODE, "app has no permission cardkit:card:write")
         return body or {}
 
-    def _send(self, body: dict[str, Any], *, chat_id: str, reply_to: str | None = None) -> dict[str, Any]:
+    def _send(self, body: dict[str, Any], *, chat_id: str, app_id: str, reply_to: str | None = None) -> dict[str, Any]:
         # Feishu answers a repeated uuid (within an hour) with the message it already sent.
         known = self._uuids.get(body.get("uuid") or "")
         if known is None:
@@ -357,6 +455,8 @@ class FakeFeishu:
                 uuid=body.get("uuid"),
                 reply_to=reply_to,
                 reply_in_thread=bool(body.get("reply_in_thread")),
+                app_id=app_id,
+                thread_id=self._thread_of(reply_to, in_thread=bool(body.get("reply_in_thread"))),
             )
             self.messages[message.message_id] = message
             if message.uuid:
@@ -374,6 +474,16 @@ class FakeFeishu:
             },
         }
 
+    def _thread_of(self, reply_to: str | None, *, in_thread: bool) -> str | None:
+        """The thread a reply goes in: that of the message it replies to, else, with reply_in_thread,
+        one opened on that message, which it then belongs to."""
+        replied = self._inbound.get(reply_to or "", {}).get("message")
+        if replied is None or not (in_thread or replied.get("thread_id")):
+            return None
+        thread_id = replied.get("thread_id") or self.threads.setdefault(replied["message_id"], f"omt_{next(self._ids)}")
+        replied["thread_id"] = thread_id
+        return thread_id
+
     def _message(self, message_id: str) -> SentMessage:
         if message_id not in self.messages:
             raise _Refusal(400, 230011, "message not found")
@@ -390,7 +500,7 @@ class FakeFeishu:
 
     # --- long connection frames ------------------------------------------------------------------
 
-    async def _push(self, event: dict[str, Any], timeout_s: float) -> int:
+    async def _push(self, event: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         if not self._connections:
             raise ConnectionError("no long connection is open")
         connection = self._connections[-1]
@@ -410,7 +520,8 @@ class FakeFeishu:
             ("seq", "0"),
         ):
             frame.headers.add(key=key, value=value)
-        ack = self._acks[frame_id] = asyncio.get_running_loop().create_future()
+        ack: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._acks[frame_id] = ack
         try:
             await connection.socket.send_bytes(frame.SerializeToString())
             return await asyncio.wait_for(ack, timeout_s)
@@ -426,11 +537,67 @@ class FakeFeishu:
             pong.headers.add(key="type", value="pong")
             await connection.socket.send_bytes(pong.SerializeToString())
         elif frame.method == FRAME_DATA and (ack := self._acks.get(headers.get("message_id", ""))):
-            ack.set_result(json.loads(frame.payload)["code"])
+            ack.set_result(json.loads(frame.payload))
 
     async def _close_connections(self) -> None:
         for connection in list(self._connections):
             await connection.socket.close()
+
+    # --- reactions and card callbacks ------------------------------------------------------------
+
+    def push_callback(self, event: dict[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:
+        """Deliver a callback (`card.action.trigger`) on the long connection; returns what the
+        client answered it with (a toast), as Feishu reads it from the ack."""
+        assert self._loop is not None, "fake Feishu is not running"
+        ack = asyncio.run_coroutine_threadsafe(self._push(event, timeout_s), self._loop).result(timeout_s + 1)
+        assert ack["code"] == 200, ack
+        answer: dict[str, Any] = json.loads(base64.b64decode(ack["data"])) if ack.get("data") else {}
+        return answer
+
+    def reactions_on(self, message_id: str) -> list[Reaction]:
+        return [r for r in list(self.reactions.values()) if r.message_id == message_id]
+
+    def buttons_of(self, message: SentMessage) -> list[dict[str, Any]]:
+        """The buttons on the card `message` shows now, wherever they sit in its layout."""
+        return [e for e in _all_elements(_elements(self.shown_card(message))) if e.get("tag") == "button"]
+
+    def _add_reaction_and_card_routes(self, app: FastAPI) -> None:
+        @app.post("/open-apis/im/v1/messages/{message_id}/reactions")
+        async def add_reaction(message_id: str, request: Request) -> dict[str, Any]:
+            body = await self._admit(request)
+            if message_id not in self._inbound and message_id not in self.messages:
+                raise _Refusal(400, 231003, "the message is not found")
+            reaction = Reaction(f"react_{next(self._ids)}", message_id, body["reaction_type"]["emoji_type"])
+            self.reactions[reaction.reaction_id] = reaction
+            return {"code": 0, "msg": "success", "data": self._reaction_data(reaction, request)}
+
+        @app.delete("/open-apis/im/v1/messages/{message_id}/reactions/{reaction_id}")
+        async def remove_reaction(message_id: str, reaction_id: str, request: Request) -> dict[str, Any]:
+            await self._admit(request)
+            reaction = self.reactions.get(reaction_id)
+            if reaction is None or reaction.removed:
+                raise _Refusal(400, 231011, "the request has an invalid reaction_id")
+            if reaction.message_id != message_id:
+                raise _Refusal(400, 231010, "the reaction does not belong to the message")
+            reaction.removed = True
+            return {"code": 0, "msg": "success", "data": self._reaction_data(reaction, request)}
+
+        @app.post("/open-apis/cardkit/v1/cards/{card_id}/elements")
+        async def add_card_elements(card_id: str, request: Request) -> dict[str, Any]:
+            body = await self._admit(request, cardkit=True)
+            if body.get("type") != "append":
+                raise _Refusal(400, 300302, "this fake only appends elements")
+            card = self._sequenced(card_id, body)
+            card.card.setdefault("body", {}).setdefault("elements", []).extend(json.loads(body["elements"]))
+            return {"code": 0, "msg": "success", "data": {}}
+
+    def _reaction_data(self, reaction: Reaction, request: Request) -> dict[str, Any]:
+        return {
+            "reaction_id": reaction.reaction_id,
+            "operator": {"operator_id": self._app_id(request), "operator_type": "app"},
+            "action_time": str(int(time.time() * 1000)),
+            "reaction_type": {"emoji_type": reaction.emoji_type},
+        }
 
 
 def _api_message(event: dict[str, Any]) -> dict[str, Any]:
@@ -438,8 +605,8 @@ def _api_message(event: dict[str, Any]) -> dict[str, Any]:
     message, sender = event["message"], event["sender"]
     return {
         "message_id": message["message_id"],
-        "root_id": "",
-        "parent_id": "",
+        "root_id": message.get("root_id", ""),
+        "parent_id": message.get("parent_id", ""),
         "thread_id": message.get("thread_id", ""),
         "msg_type": message["message_type"],
         "create_time": message["create_time"],
@@ -463,6 +630,12 @@ def _api_message(event: dict[str, Any]) -> dict[str, Any]:
 
 def _elements(card: dict[str, Any]) -> list[dict[str, Any]]:
     return card.get("body", {}).get("elements", []) or card.get("elements", [])
+
+
+def _all_elements(elements: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`elements` and every element inside them (a column set's columns, a column's elements)."""
+    nested = [e for element in elements for e in element.get("columns", []) + element.get("elements", [])]
+    return elements + (_all_elements(nested) if nested else [])
 
 
 def wait_for(predicate: Callable[[], Any], timeout_s: float = 15.0, what: str = "a condition") -> Any:

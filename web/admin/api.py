@@ -13,7 +13,8 @@ from cache.response_cache import EntryView
 from chat.session_rows import SessionDetail, SessionPage
 from settings import Settings
 from web.admin.auth import require_admin
-from web.deps import ChatManagerDep, MonitorDep, SessionsDep, SettingsDep
+from web.deps import ChatManagerDep, MonitorDep, SessionsDep, SettingsDep, TransportsDep
+from web.health import TransportStatus
 
 SECRETS = {"feishu.app_secret", "feishu.verification_token", "feishu.encrypt_key", "admin.token", "api.key"}
 MASK = "••••••••"
@@ -31,10 +32,12 @@ class Flushed(BaseModel):
 
 
 @router.get("/stats")
-async def stats(chat_manager: ChatManagerDep, sessions: SessionsDep) -> dict[str, Any]:
-    """Every figure: turns, sessions, engine, KV pool, cache, merging."""
+async def stats(chat_manager: ChatManagerDep, sessions: SessionsDep, transports: TransportsDep) -> dict[str, Any]:
+    """Every figure: turns, sessions, engine, KV pool, cache, merging; and how chat platforms' events
+    reach the app (Feishu's transport)."""
     figures = dataclasses.asdict(chat_manager.figures())
     figures["sessions"] = dataclasses.asdict(await sessions.counts())
+    figures["transports"] = {name: _transport(probe()) for name, probe in transports.items()}
     return figures
 
 
@@ -94,3 +97,7 @@ def masked(settings: Settings) -> dict[str, Any]:
             values[section][key] = MASK
     values["storage"]["url"] = make_url(settings.storage.url).render_as_string(hide_password=True)
     return values
+
+
+def _transport(status: TransportStatus) -> dict[str, Any]:
+    return {"state": status.state, "ready": status.ready, "last_event_at": status.last_event_at}

@@ -46,6 +46,18 @@ function figures(container, items) {
 
 function last(values) { return values.length ? values[values.length - 1] : 0; }
 
+// How chat platforms' events reach the app: "Feishu: connected, last event 14:02:11".
+function renderTransports(transports) {
+  const box = $("#transports");
+  const parts = Object.entries(transports).map(([name, transport]) => {
+    const seen = transport.last_event_at ? `last event ${when(transport.last_event_at)}` : "no event yet";
+    const title = name.charAt(0).toUpperCase() + name.slice(1);
+    return transport.state === "off" ? `${title}: off` : `${title}: ${transport.state}, ${seen}`;
+  });
+  box.textContent = parts.join(" · ");
+  box.classList.toggle("bad", Object.values(transports).some((transport) => !transport.ready));
+}
+
 function renderOverview(stats, history) {
   const engine = stats.engine, kv = engine.kv_cache, activity = engine.activity, turns = stats.turns;
   figures($("#overview-figures"), [
@@ -186,6 +198,7 @@ async function refresh() {
     const [stats, history] = await Promise.all([api("/stats"), api("/history")]);
     $("#model").textContent = `${stats.engine.model} on ${stats.engine.device}`;
     $("#demo-warning").hidden = !stats.engine.is_demo_model;
+    renderTransports(stats.transports);
     if (page === "overview") renderOverview(stats, history);
     if (page === "cache") { renderCacheFigures(stats, history); await renderCacheTables(); }
     if (page === "sessions") await renderSessions();

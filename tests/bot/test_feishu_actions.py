@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from bot.card_actions import NEW_SESSION, REGENERATE
 from settings import AdminSettings
 from storage import ChatSession, Database
-from tests.bot.bot_support import AppServer, app_settings, final_text
+from tests.bot.bot_support import AppServer, app_settings, final_text, start_connected
 from tests.fakes.events import card_action_event, message_event
 from tests.fakes.feishu import FakeFeishu, SentMessage, wait_for
 
@@ -27,8 +27,7 @@ ADMIN_TOKEN = "actions-admin-token"
 @pytest.fixture(scope="module")
 def longconn_app(tmp_path_factory: pytest.TempPathFactory, fake: FakeFeishu) -> Iterator[AppServer]:
     settings = app_settings(tmp_path_factory.mktemp("actions-longconn"), fake)
-    server = AppServer(settings.model_copy(update={"admin": AdminSettings(token=ADMIN_TOKEN)})).start()
-    wait_for(lambda: fake.connected, 60, what="the long connection")
+    server = start_connected(settings.model_copy(update={"admin": AdminSettings(token=ADMIN_TOKEN)}), fake)
     yield server
     server.stop()
 

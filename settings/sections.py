@@ -131,7 +131,7 @@ class CacheSettings(Section):
     candidates: int = Field(4, ge=1, le=100)
     verify: bool = True
     min_overlap: float = Field(0.5, ge=0, le=1)
-    llm_judge: bool = True
+    llm_judge: bool = False
     capacity: int = Field(10_000, ge=1)
     ttl_s: float = Field(604_800, gt=0)
     policy: Literal["adaptive", "lru", "lfu"] = "adaptive"

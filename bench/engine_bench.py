@@ -1,7 +1,9 @@
-"""Engine benchmark: our engine against transformers on one seeded ~40M-parameter Qwen3.
+"""Engine benchmark: our engine against transformers on one seeded ~40M-parameter Qwen3 and on the
+real SmolLM2-135M-Instruct.
 
     python bench/engine_bench.py            # full run (several minutes on a laptop CPU)
     python bench/engine_bench.py --quick    # fewer, shorter prompts: a smoke test
+    python bench/engine_bench.py --data-dir DIR   # SmolLM2 from DIR/models, fetched there once (default: data)
     OMP_NUM_THREADS=1 python bench/engine_bench.py   # every thread of every variant on one core
 
 (OMP_NUM_THREADS rather than torch.set_num_threads: transformers' generate_batch() runs its loop
@@ -12,10 +14,15 @@ Throughput: 16 concurrent greedy requests (prompts 256-1024 tokens, 64 new token
 with our block size, block count and token budget, (c) our engine. Multi-turn: 8 sessions x 6
 turns, each turn = previous prompt + reply + a new 64-token user message; time to first token of
 the last turn with our prefix cache on and off. Decode scaling: the time of a decode step for 1,
-4, 16 and 64 sequences. The last line is JSON.
+4, 16 and 64 sequences. SmolLM2: (a), (b) and (c) again on 16 chat prompts framed by the model's
+own chat template with the app's default system prompt, 8 questions alone and 8 after pasted
+documentation (Python's own module docstrings, cut to 256-1024 tokens); at most 64 new tokens,
+each reply ending at the model's end of turn as in the app. The last line is JSON.
 """
 
 import argparse
+import importlib
+import inspect
 import json
 import logging
 import statistics
@@ -29,14 +36,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+from transformers import GenerationConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import LLMEngine, SamplingParams
+from engine import ChatFormat, EngineConfig, LLMEngine, SamplingParams
+from engine.builtin_models import SMOLLM2_MODEL, ModelFetchError, ensure_smollm2
+from settings.sections import ContextSettings
 
 T = TypeVar("T")
+CausalLM = Qwen3ForCausalLM | LlamaForCausalLM
 
 BENCH_CONFIG: dict[str, Any] = dict(
     vocab_size=32768,
@@ -72,6 +82,95 @@ FULL = Workload(16, 256, 1024, 64, 8, 6, 256, 64, 64)
 QUICK = Workload(4, 64, 256, 16, 2, 3, 64, 32, 16)
 
 
+@dataclass(frozen=True)
+class Question:
+    text: str
+    # a standard-library module whose documentation the user pastes above the question
+    document: str | None = None
+
+
+SYSTEM_PROMPT = ContextSettings().system_prompt  # the app's default
+
+# Alone and after a document by turns, so that the quick run's first four hold both kinds; the
+# documents grow down the list, as the token budgets they are cut to do.
+QUESTIONS = (
+    Question("What is the capital of France?"),
+    Question("What is a heap, and which function gives me its smallest item?", "heapq"),
+    Question("Explain in two sentences what a compiler does."),
+    Question("Why is splitting lines on commas not enough to read a CSV file?", "csv"),
+    Question("Write a haiku about the sea."),
+    Question("Summarize what this library does in three bullet points.", "argparse"),
+    Question("What is the difference between a list and a tuple in Python?"),
+    Question("What can a shelf store, and what must its keys be?", "shelve"),
+    Question("Give me three tips for running a productive team meeting."),
+    Question("Which function should I call for a random identifier, and why not uuid1()?", "uuid"),
+    Question("Why is the sky blue?"),
+    Question("How do I create a cookie and print its Set-Cookie header?", "http.cookies"),
+    Question("Write a short, polite reply declining a meeting invitation."),
+    Question("What is the difference between the mean and the median?", "statistics"),
+    Question("How does photosynthesis work, in simple terms?"),
+    Question("How do I write a Python dictionary to a file as JSON?", "json"),
+)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """Greedy, the same for every variant."""
+
+    new_tokens: int
+    # False: every request generates new_tokens, past any EOS (random weights end no answer)
+    stop_at_eos: bool
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(max_tokens=self.new_tokens, ignore_eos=not self.stop_at_eos)
+
+    def hf_config(self, model: CausalLM) -> GenerationConfig:
+        return GenerationConfig(
+            max_new_tokens=self.new_tokens,
+            do_sample=False,
+            eos_token_id=model.generation_config.eos_token_id if self.stop_at_eos else None,
+            # never used: prompts run one at a time, or packed without padding by generate_batch()
+            pad_token_id=0,
+        )
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    outputs: list[list[int]]
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(map(len, self.outputs)) / self.seconds
+
+
+@dataclass(frozen=True)
+class Throughput:
+    sequential: Variant
+    batch: Variant
+    ours: Variant
+
+    @property
+    def vs_sequential(self) -> float:
+        return self.ours.tokens_per_s / self.sequential.tokens_per_s
+
+    @property
+    def vs_batch(self) -> float:
+        return self.ours.tokens_per_s / self.batch.tokens_per_s
+
+    @property
+    def parity(self) -> bool:
+        return self.ours.outputs == self.sequential.outputs
+
+    def tokens_per_s(self) -> dict[str, float]:
+        return {
+            "hf_sequential": round(self.sequential.tokens_per_s, 1),
+            "hf_generate_batch": round(self.batch.tokens_per_s, 1),
+            "ours": round(self.ours.tokens_per_s, 1),
+        }
+
+
 def make_checkpoint(path: Path) -> Qwen3ForCausalLM:
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(Qwen3Config(**BENCH_CONFIG)).eval()
@@ -83,50 +182,75 @@ def random_tokens(generator: torch.Generator, length: int) -> list[int]:
     return torch.randint(0, BENCH_CONFIG["vocab_size"], (length,), generator=generator).tolist()
 
 
+def random_prompts(work: Workload) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(1)
+    lengths = torch.randint(work.min_prompt, work.max_prompt + 1, (work.num_requests,), generator=generator).tolist()
+    return [random_tokens(generator, n) for n in lengths]
+
+
+def chat_prompts(chat_format: ChatFormat, work: Workload) -> list[list[int]]:
+    """The first `work.num_requests` questions, as the app frames them; the documents are cut to
+    budgets spread evenly from the workload's shortest prompt to its longest."""
+    questions = QUESTIONS[: work.num_requests]
+    num_pasted = sum(q.document is not None for q in questions)
+    budgets = iter(torch.linspace(work.min_prompt, work.max_prompt, num_pasted).round().int().tolist())
+    return [
+        chat_format.prompt(SYSTEM_PROMPT, q.text)
+        if q.document is None
+        else pasted_prompt(chat_format, q.text, q.document, next(budgets))
+        for q in questions
+    ]
+
+
+def pasted_prompt(chat_format: ChatFormat, question: str, module: str, budget: int) -> list[int]:
+    """The question after as many of the module documentation's first lines as fit in `budget` tokens."""
+    lines = (inspect.getdoc(importlib.import_module(module)) or "").splitlines()
+    for num_lines in range(len(lines), 0, -1):
+        document = "\n".join(lines[:num_lines])
+        prompt = chat_format.prompt(SYSTEM_PROMPT, f"{document}\n\n{question}")
+        if len(prompt) <= budget:
+            return prompt
+    raise ValueError(f"not one line of {module}'s documentation fits in {budget} tokens with the question")
+
+
 def timed(fn: Callable[[], T]) -> tuple[T, float]:
     start = time.perf_counter()
     result = fn()
     return result, time.perf_counter() - start
 
 
-def hf_sequential(model: Qwen3ForCausalLM, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+def hf_sequential(model: CausalLM, prompts: list[list[int]], decoding: Decoding) -> list[list[int]]:
     outputs = []
     with torch.inference_mode():
         for prompt in prompts:
             input_ids = torch.tensor([prompt])
             generated = model.generate(
-                input_ids,
-                attention_mask=torch.ones_like(input_ids),
-                max_new_tokens=new_tokens,
-                do_sample=False,
-                pad_token_id=0,
+                input_ids, attention_mask=torch.ones_like(input_ids), generation_config=decoding.hf_config(model)
             )
             outputs.append(generated[0, len(prompt) :].tolist())
     return outputs
 
 
-def hf_prefill(model: Qwen3ForCausalLM, prompts: list[list[int]]) -> None:
+def hf_prefill(model: CausalLM, prompts: list[list[int]]) -> None:
     """The prompts' forward passes alone: the part of (a) that batching cannot shorten."""
     with torch.inference_mode():
         for prompt in prompts:
             model(torch.tensor([prompt]), logits_to_keep=1)
 
 
-def hf_generate_batch(model: Qwen3ForCausalLM, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    generation_config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
+def hf_generate_batch(model: CausalLM, prompts: list[list[int]], decoding: Decoding) -> list[list[int]]:
     batching = ContinuousBatchingConfig(
         page_size=BLOCK_SIZE, num_blocks=KV_CACHE_TOKENS // BLOCK_SIZE, max_batch_tokens=MAX_BATCHED_TOKENS
     )
     with torch.inference_mode():
         outputs = model.generate_batch(
-            prompts, generation_config=generation_config, continuous_batching_config=batching
+            prompts, generation_config=decoding.hf_config(model), continuous_batching_config=batching
         )
     return [outputs[f"req_{i}"].generated_tokens for i in range(len(prompts))]
 
 
-def ours(engine: LLMEngine, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    outputs = engine.generate(prompts, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
-    return [o.token_ids for o in outputs]
+def ours(engine: LLMEngine, prompts: list[list[int]], decoding: Decoding) -> list[list[int]]:
+    return [o.token_ids for o in engine.generate(prompts, decoding.params())]
 
 
 def multiturn_last_ttft(engine: LLMEngine, work: Workload, seed: int) -> tuple[float, list[list[int]]]:
@@ -149,9 +273,10 @@ def multiturn_last_ttft(engine: LLMEngine, work: Workload, seed: int) -> tuple[f
     raise AssertionError("unreachable")
 
 
-def build_engine(path: Path, prefix_caching: bool = True) -> LLMEngine:
+def build_engine(model: str | Path, data_dir: str = EngineConfig.data_dir, prefix_caching: bool = True) -> LLMEngine:
     engine = LLMEngine.from_pretrained(
-        str(path),
+        str(model),
+        data_dir=data_dir,
         block_size=BLOCK_SIZE,
         kv_cache_tokens=KV_CACHE_TOKENS,
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
@@ -162,22 +287,25 @@ def build_engine(path: Path, prefix_caching: bool = True) -> LLMEngine:
     return engine
 
 
-def throughput(path: Path, hf_model: Qwen3ForCausalLM, work: Workload, profile: bool) -> dict:
-    generator = torch.Generator().manual_seed(1)
-    lengths = torch.randint(work.min_prompt, work.max_prompt + 1, (work.num_requests,), generator=generator).tolist()
-    prompts = [random_tokens(generator, n) for n in lengths]
+def throughput(
+    engine: LLMEngine, hf_model: CausalLM, prompts: list[list[int]], decoding: Decoding, profile: bool
+) -> Throughput:
+    """The prompts through (a), (b) and (c); shuts the engine down once done."""
+    lengths = [len(p) for p in prompts]
     print(
-        f"throughput: {work.num_requests} concurrent requests, prompts {min(lengths)}-{max(lengths)} tokens, "
-        f"{work.new_tokens} new tokens each, greedy"
+        f"throughput: {len(prompts)} concurrent requests, prompts {min(lengths)}-{max(lengths)} tokens "
+        f"({sum(lengths)} in all), {'at most ' if decoding.stop_at_eos else ''}{decoding.new_tokens} new tokens "
+        "each, greedy"
     )
-    hf_sequential(hf_model, prompts[:1], 2)
-    reference, sequential_s = timed(lambda: hf_sequential(hf_model, prompts, work.new_tokens))
-    hf_generate_batch(hf_model, prompts[:1], 2)
-    batched, batch_s = timed(lambda: hf_generate_batch(hf_model, prompts, work.new_tokens))
-    engine = build_engine(path)
+    hf_sequential(hf_model, prompts[:1], Decoding(2, decoding.stop_at_eos))
+    sequential = Variant(
+        "(a) transformers generate(), one at a time", *timed(lambda: hf_sequential(hf_model, prompts, decoding))
+    )
+    hf_generate_batch(hf_model, prompts[:1], Decoding(2, decoding.stop_at_eos))
+    batch = Variant("(b) transformers generate_batch()", *timed(lambda: hf_generate_batch(hf_model, prompts, decoding)))
     num_warmup_steps = len(engine.core.metrics.steps)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else nullcontext() as prof:
-        generated, ours_s = timed(lambda: ours(engine, prompts, work.new_tokens))
+        ours_variant = Variant("(c) our LLMEngine", *timed(lambda: ours(engine, prompts, decoding)))
     if profile:
         assert prof is not None
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
@@ -185,31 +313,51 @@ def throughput(path: Path, hf_model: Qwen3ForCausalLM, work: Workload, profile: 
     steps = list(engine.core.metrics.steps)[num_warmup_steps:]
     engine.shutdown()
     _, prefill_s = timed(lambda: hf_prefill(hf_model, prompts))
+    result = Throughput(sequential, batch, ours_variant)
 
-    num_generated = work.num_requests * work.new_tokens
-    print(f"\n{'variant':<46} {'seconds':>9} {'tokens/s':>10}  same tokens as (a)")
-    for name, seconds, outputs in (
-        ("(a) transformers generate(), one at a time", sequential_s, reference),
-        ("(b) transformers generate_batch()", batch_s, batched),
-        ("(c) our LLMEngine", ours_s, generated),
-    ):
-        print(f"{name:<46} {seconds:>9.2f} {num_generated / seconds:>10.1f}  {outputs == reference}")
-    result = {"vs_sequential": sequential_s / ours_s, "vs_batch": batch_s / ours_s, "parity": generated == reference}
+    print(f"\n{'variant':<46} {'seconds':>9} {'tokens':>7} {'tokens/s':>10}  prompts with (a)'s tokens")
+    for variant in (sequential, batch, ours_variant):
+        same = sum(o == r for o, r in zip(variant.outputs, sequential.outputs, strict=True))
+        print(
+            f"{variant.name:<46} {variant.seconds:>9.2f} {sum(map(len, variant.outputs)):>7} "
+            f"{variant.tokens_per_s:>10.1f}  {same}/{len(prompts)}"
+        )
     print(
-        f"ratio c/a: {result['vs_sequential']:.2f}x (target >= 4)   "
-        f"ratio c/b: {result['vs_batch']:.2f}x (target >= 1.5)\n"
+        f"ratio c/a: {result.vs_sequential:.2f}x (target >= 4)   ratio c/b: {result.vs_batch:.2f}x (target >= 1.5)\n"
         f"our engine: mean batch {batch_size.mean:.1f} sequences, {batch_size.mean_tokens:.0f} tokens per step"
     )
     ours_prefill_s = sum(s.duration_s for s in steps if s.num_batched_tokens > s.num_seqs)
-    decode_steps = [s.duration_s for s in steps if s.num_batched_tokens == s.num_seqs]
+    decode_steps = [s for s in steps if s.num_batched_tokens == s.num_seqs]
+    num_generated = sum(map(len, sequential.outputs))
     print(
         f"profile: (a) spends {prefill_s:.1f} s in the prompts' forward passes alone and "
-        f"{(sequential_s - prefill_s) / num_generated * 1e3:.0f} ms per generated token after them;\n"
+        f"{(sequential.seconds - prefill_s) / num_generated * 1e3:.0f} ms per generated token after them;\n"
         f"  (c) spends {ours_prefill_s:.1f} s in steps with prompt tokens (the same FLOPs) and "
-        f"{statistics.fmean(decode_steps) * 1e3:.0f} ms per decode-only step of ~{work.num_requests} sequences.\n"
+        f"{statistics.fmean(s.duration_s for s in decode_steps) * 1e3:.0f} ms per decode-only step of "
+        f"{statistics.fmean(s.num_seqs for s in decode_steps):.1f} sequences on average.\n"
         f"  Prefill compute does not batch away: c/a <= (a) / (c's prefill time) = "
-        f"{sequential_s / ours_prefill_s:.1f}x on this machine."
+        f"{sequential.seconds / ours_prefill_s:.1f}x on this machine."
     )
+    return result
+
+
+def smollm2_throughput(data_dir: Path, work: Workload, profile: bool) -> Throughput:
+    try:
+        folder = ensure_smollm2(data_dir)
+    except ModelFetchError as error:
+        sys.exit(f"error: {error}")
+    hf_model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    print(
+        f"\nmodel: {SMOLLM2_MODEL} ({folder}), {sum(p.numel() for p in hf_model.parameters()) / 1e6:.1f}M "
+        "parameters, Llama, hidden 576, 30 layers, 9 query / 3 KV heads, fp32 on CPU"
+    )
+    engine = build_engine(SMOLLM2_MODEL, str(data_dir))
+    chat_format = engine.chat_format()
+    prompts = chat_prompts(chat_format, work)
+    result = throughput(engine, hf_model, prompts, Decoding(work.new_tokens, stop_at_eos=True), profile)
+    print("the first two replies:")
+    for question, answer in zip(QUESTIONS[:2], result.ours.outputs, strict=False):
+        print(f"  {question.text!r} -> {chat_format.decode(answer)!r}")
     return result
 
 
@@ -243,7 +391,7 @@ def decode_scaling(path: Path, quick: bool) -> dict[str, float]:
     tokens_per_s = {}
     for batch in batches:
         num_steps = len(engine.core.metrics.steps)
-        ours(engine, [random_tokens(generator, 128) for _ in range(batch)], 32)
+        ours(engine, [random_tokens(generator, 128) for _ in range(batch)], Decoding(32, stop_at_eos=False))
         steps = list(engine.core.metrics.steps)[num_steps:]
         step_s = statistics.median(s.duration_s for s in steps if s.num_batched_tokens == s.num_seqs == batch)
         tokens_per_s[str(batch)] = round(batch / step_s, 1)
@@ -256,6 +404,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small workload, for a smoke test")
     parser.add_argument("--profile", action="store_true", help="print where our engine spends its time")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(EngineConfig.data_dir),
+        help=f"engine.data_dir (default {EngineConfig.data_dir}): SmolLM2 is fetched into its models/ folder once",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     torch.set_grad_enabled(False)
@@ -267,15 +421,21 @@ def main() -> None:
             f"model: seeded Qwen3, {sum(p.numel() for p in hf_model.parameters()) / 1e6:.1f}M parameters, hidden 512, "
             f"8 layers, 8 query / 2 KV heads, fp32 on CPU, {torch.get_num_threads()} threads"
         )
-        speed = throughput(path, hf_model, work, args.profile)
+        decoding = Decoding(work.new_tokens, stop_at_eos=False)
+        speed = throughput(build_engine(path), hf_model, random_prompts(work), decoding, args.profile)
         turns = multiturn(path, work)
         decode = decode_scaling(path, args.quick)
+    smollm2 = smollm2_throughput(args.data_dir, work, args.profile)
     summary = {
-        "throughput_vs_hf_sequential": round(speed["vs_sequential"], 2),
-        "throughput_vs_hf_generate_batch": round(speed["vs_batch"], 2),
+        "throughput_vs_hf_sequential": round(speed.vs_sequential, 2),
+        "throughput_vs_hf_generate_batch": round(speed.vs_batch, 2),
         "multiturn_ttft_speedup": round(turns["speedup"], 2),
-        "parity": speed["parity"] and turns["parity"],
+        "parity": speed.parity and turns["parity"],
         "decode_tokens_per_s_by_batch": decode,
+        "smollm2_throughput_vs_hf_sequential": round(smollm2.vs_sequential, 2),
+        "smollm2_throughput_vs_hf_generate_batch": round(smollm2.vs_batch, 2),
+        "smollm2_tokens_per_s": smollm2.tokens_per_s(),
+        "smollm2_parity": smollm2.parity,
     }
     print(json.dumps(summary))
 

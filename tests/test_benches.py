@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.support import ROOT, SHARED_DATA_DIR
 
@@ -24,14 +27,18 @@ def test_history_bench() -> None:
     assert figures["prompt_tokens"] > 0
 
 
-def test_startup_bench() -> None:
+@pytest.mark.downloads_model
+def test_startup_bench(smollm2_dir: Path) -> None:
+    """Starts the app on the model `python app.py` loads by default."""
     figures = run_bench("startup_bench.py", "--runs", "1", "--data-dir", str(SHARED_DATA_DIR))
     assert 0 < figures["healthz_s"] < figures["readyz_s"]
 
 
-def test_engine_bench() -> None:
-    figures = run_bench("engine_bench.py", "--quick")
+@pytest.mark.downloads_model
+def test_engine_bench(smollm2_dir: Path) -> None:
+    figures = run_bench("engine_bench.py", "--quick", "--data-dir", str(SHARED_DATA_DIR))
     assert figures["parity"] is True
+    assert figures["smollm2_parity"] is True
     assert set(figures["decode_tokens_per_s_by_batch"]) == {"1", "4"}
 
 
@@ -52,3 +59,15 @@ def test_overload_bench() -> None:
     assert figures["over_cap_other"] == 0
     assert figures["drained_s"] is not None
     assert figures["after"]["kv_blocks_used"] == 0 and figures["after"]["running"] == figures["after"]["waiting"] == 0
+
+
+@pytest.mark.downloads_model
+def test_quality_bench(smollm2_dir: Path) -> None:
+    figures = run_bench("quality_bench.py", "--quick", "--data-dir", str(SHARED_DATA_DIR))
+    facts = figures["facts"]
+    assert set(facts["variants"]) == {"full", "importance_at_question", "importance_as_app_runs", "truncation"}
+    full_tokens = facts["variants"]["full"]["mean_prompt_tokens"]
+    for name in ("importance_at_question", "importance_as_app_runs", "truncation"):
+        assert facts["variants"][name]["mean_prompt_tokens"] <= facts["budget"] < full_tokens
+    assert figures["judge"]["cache_pairs.tsv"]["all"]["pairs"] > 0
+    assert figures["sanity"]["accuracy"] > 0  # the real model answers

@@ -304,7 +304,12 @@ def throughput(
     hf_generate_batch(hf_model, prompts[:1], Decoding(2, decoding.stop_at_eos))
     batch = Variant("(b) transformers generate_batch()", *timed(lambda: hf_generate_batch(hf_model, prompts, decoding)))
     num_warmup_steps = len(engine.core.metrics.steps)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else nullcontext() as prof:
+    # all threads: the engine's ops run on its loop thread, which the profiler skips by default
+    profiler = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        experimental_config=torch.profiler._ExperimentalConfig(profile_all_threads=True),
+    )
+    with profiler if profile else nullcontext() as prof:
         ours_variant = Variant("(c) our LLMEngine", *timed(lambda: ours(engine, prompts, decoding)))
     if profile:
         assert prof is not None

@@ -5,6 +5,7 @@ on the event loop."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -14,7 +15,11 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
+from assistant.distill import Distiller
+from assistant.memory import MemoryStore
+from assistant.reminders import Reminders
 from bot import FeishuBot
+from bot.commands import Commands
 from cache.embeddings import CachedEmbedder, build_embedder
 from cache.judge import LLMJudge
 from cache.response_cache import ResponseCache
@@ -71,7 +76,19 @@ def build_app(settings: Settings) -> FastAPI:
     db.upgrade()
     engine = LLMEngine(EngineConfig(**settings.engine.model_dump()))
     chat_manager = build_chat_manager(settings, engine, db)
-    bot = FeishuBot(settings.feishu, chat_manager, db)
+    scheduler = AsyncIOScheduler(timezone="UTC")
+    assistant = settings.assistant
+    memory = MemoryStore(db, build_embedder(settings.cache), assistant) if assistant.memory else None
+    distiller = None if memory is None else Distiller(engine, engine.chat_format(), memory, db, assistant)
+    reminders = Reminders(
+        scheduler,
+        db,
+        lambda reminder, fired_at: bot.deliver(reminder, fired_at),
+        misfire_grace_s=assistant.reminder_grace_s,
+        max_per_user=assistant.max_reminders,
+    )
+    commands = Commands(chat_manager, memory, reminders, assistant)
+    bot = FeishuBot(settings.feishu, chat_manager, db, commands, memory)
     telemetry = Telemetry(chat_manager)
     chat_manager.turn_observers.append(telemetry.observe_turn)
     monitor = Monitor(chat_manager, settings.admin.history_points)
@@ -82,8 +99,9 @@ def build_app(settings: Settings) -> FastAPI:
         )
         chat_manager.sessions.forget(report.closed_session_keys)
         await chat_manager.cache.purge_expired()
+        if distiller is not None:
+            await distiller.run()
 
-    scheduler = AsyncIOScheduler(timezone="UTC")
     scheduler.add_job(
         maintenance,
         "interval",
@@ -106,12 +124,14 @@ def build_app(settings: Settings) -> FastAPI:
         await chat_manager.cache.load()
         engine.start()
         scheduler.start()
+        reminders.start()
         await bot.start()
         log.info("serving on http://%s:%d", settings.server.host, settings.server.port)
         try:
             yield
         finally:
             await bot.stop()
+            reminders.stop()
             scheduler.shutdown(wait=False)
             await chat_manager.close()
             if not engine.shutdown(ENGINE_STOP_TIMEOUT_S):
@@ -131,6 +151,12 @@ def build_app(settings: Settings) -> FastAPI:
     app.state.chat_manager = chat_manager
     app.state.readiness_checks = {"database": db.ping, "model": engine.is_running}
     app.state.transports = {"feishu": bot.status}
+
+    async def assistant_counts() -> dict[str, int]:
+        counts = dataclasses.asdict(await reminders.counts())
+        return counts | (dataclasses.asdict(await memory.counts()) if memory else {"memories": 0, "owners": 0})
+
+    app.state.assistant_counts = assistant_counts
     app.state.telemetry = telemetry
     app.state.monitor = monitor
     app.state.rate_limiter = RateLimiter(settings.limits.requests_per_minute)

@@ -2,7 +2,7 @@
 
 Private chats: anyone in the tenant (`feishu.dm_policy: open`), or only `allowed_users` and
 `admins` (`allowlist`). Groups: those in `allowed_chats` (empty: every group the bot is in). In a
-group, /system and /reset change the conversation of everyone in it, so only `admins` may run
+group, /system, /reset, /persona and /schedule change the conversation of everyone in it, so only `admins` may run
 them (empty: every member); in a private chat the user owns the conversation. Then a token bucket
 per user (`feishu.requests_per_minute`). A refusal is one reply: no model call, no engine request.
 """
@@ -22,7 +22,7 @@ from settings import FeishuSettings
 NOT_OPEN = "This bot is not open to you here; ask an admin to add you."
 ADMINS_ONLY = "Only an admin of this bot can run /{command} in a group; ask one of them."
 TOO_FAST = "You are sending messages faster than I can answer; try again in {wait_s} s."
-GROUP_ADMIN_COMMANDS = frozenset({"system", "reset"})
+GROUP_ADMIN_COMMANDS = frozenset({"system", "reset", "persona", "schedule"})
 
 
 @dataclass(frozen=True)

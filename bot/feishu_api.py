@@ -28,6 +28,8 @@ from lark_oapi.api.contact.v3 import GetUserRequest
 from lark_oapi.api.im.v1 import (
     CreateMessageReactionRequest,
     CreateMessageReactionRequestBody,
+    CreateMessageRequest,
+    CreateMessageRequestBody,
     DeleteMessageReactionRequest,
     Emoji,
     GetMessageRequest,
@@ -103,6 +105,24 @@ class FeishuApi:
             .build()
         )
         response = await self._call("reply", lambda: self._client.im.v1.message.areply(request))
+        return response.data.message_id
+
+    async def send(self, chat_id: str, msg_type: str, content: dict[str, Any], *, uuid: str) -> str:
+        """A new message in a chat, replying to nothing; returns its id."""
+        request = (
+            CreateMessageRequest.builder()
+            .receive_id_type("chat_id")
+            .request_body(
+                CreateMessageRequestBody.builder()
+                .receive_id(chat_id)
+                .msg_type(msg_type)
+                .content(_json(content))
+                .uuid(uuid)
+                .build()
+            )
+            .build()
+        )
+        response = await self._call("send", lambda: self._client.im.v1.message.acreate(request))
         return response.data.message_id
 
     async def message(self, message_id: str) -> Message:

@@ -2,8 +2,12 @@
 
 transport (long connection | webhook) -> lark-oapi dispatcher -> lane (a chat's stream or thread)
 -> policy (answer? a thread follow-up? first delivery?) -> gate (access, quota)
--> command | reader (what the model reads: names, quotes, forwards) -> ChatManager turn
--> reply card -> claim finished
+-> command (or a plain request to remember or be reminded) | reader (what the model reads:
+names, quotes, forwards) + the person's recalled memories -> ChatManager turn -> reply card
+-> claim finished
+
+Reminders and scheduled prompts come back through `deliver`, posted in the chat (and thread)
+they were set in.
 
 At start, the messages a stopped process claimed but never finished answering are fetched and
 queued again (`Delivery.resumed`). A click on an answer card's buttons (`card.action.trigger`)
@@ -22,6 +26,9 @@ from fastapi import APIRouter
 from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
 from lark_oapi.event.callback.model.p2_card_action_trigger import P2CardActionTrigger, P2CardActionTriggerResponse
 
+from assistant.memory import MemoryStore, fact_to_remember, owner_of
+from assistant.reminders import Reminder
+from assistant.when import looks_like_reminder
 from bot.access import Asking, Gate
 from bot.card_actions import NEW_SESSION, CardClick, card_buttons, read_click, toast
 from bot.commands import Commands, parse_command
@@ -56,10 +63,19 @@ class Delivery:
 
 class FeishuBot:
     def __init__(
-        self, settings: FeishuSettings, chat_manager: ChatManager, db: Database, *, shutdown_grace_s: float = 5.0
+        self,
+        settings: FeishuSettings,
+        chat_manager: ChatManager,
+        db: Database,
+        commands: Commands,
+        memory: MemoryStore | None,
+        *,
+        shutdown_grace_s: float = 5.0,
     ) -> None:
         self._settings = settings
         self._chat_manager = chat_manager
+        self._commands = commands
+        self._memory = memory
         self._shutdown_grace_s = shutdown_grace_s
         self._api = FeishuApi.connect(settings.app_id, settings.app_secret, settings.domain)
         self._policy = EventPolicy(
@@ -68,7 +84,6 @@ class FeishuBot:
             dedup_ttl=timedelta(seconds=settings.dedup_ttl_s),
             answer_at_all=settings.answer_at_all,
         )
-        self._commands = Commands(chat_manager)
         self._replier = Replier(self._api, interval_s=settings.stream_interval_ms / 1000)
         self._reader = Reader(self._api, SenderNames(self._api, app_id=settings.app_id), chat_manager.sessions)
         self._typing = TypingReaction(self._api, enabled=settings.typing_reaction)
@@ -193,9 +208,8 @@ class FeishuBot:
             user_id=message.sender_open_id,
             thread_id=thread,
         )
-        command = None if message.text is None else parse_command(message.text)
-        if command is not None:
-            reply = await self._commands.run(command, conversation)
+        reply = await self._without_model(message.text or "", conversation)
+        if reply is not None:
             await self._replier.text(message.message_id, reply, in_thread=in_thread)
             return
         text = await self._reader.model_text(message, conversation)
@@ -204,7 +218,8 @@ class FeishuBot:
             await self._replier.text(message.message_id, notice, in_thread=in_thread)
             return
         try:
-            turn = self._chat_manager.turn(conversation, text)
+            notes = await self._memory.recall(owner_of(conversation), message.text or text) if self._memory else []
+            turn = self._chat_manager.turn(conversation, text, notes=notes)
         except InvalidMessage as exc:
             await self._replier.text(message.message_id, str(exc), in_thread=in_thread)
             return
@@ -212,6 +227,30 @@ class FeishuBot:
             await self._replier.stream(
                 message.message_id, turn, in_thread=in_thread, attempt=attempt, actions=card_buttons(message, thread)
             )
+
+    async def _without_model(self, words: str, conversation: Conversation) -> str | None:
+        """The reply to a command, or to a plain request to remember a fact or to be reminded;
+        None for a message the model answers."""
+        command = parse_command(words)
+        if command is not None:
+            return await self._commands.run(command, conversation)
+        if self._memory is not None and (fact := fact_to_remember(words)) is not None:
+            return await self._commands.remember(conversation, fact)
+        if looks_like_reminder(words):
+            return await self._commands.remind(conversation, words)
+        return None
+
+    async def deliver(self, reminder: Reminder, fired_at: datetime) -> None:
+        """A reminder, or a scheduled prompt's answer, posted where it was set; a reminder mentions its person."""
+        target = reminder.target
+        if reminder.kind == "remind":
+            text = f'<at user_id="{target.user_id}"></at> ⏰ {reminder.text}'
+        else:
+            conversation = Conversation("feishu", target.chat_id, target.chat_type, target.user_id, target.thread)
+            result = await self._chat_manager.turn(conversation, reminder.text).collect()
+            text = f"🗓 {reminder.text}\n\n{result.reply}"
+        attempt = f"reminder:{reminder.id}:{fired_at.isoformat()}"
+        await self._replier.post(target.chat_id, target.thread, text, attempt=attempt)
 
     def status(self) -> FeishuStatus:
         """How events reach the bot now, and when the last one came; read from any thread."""

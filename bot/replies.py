@@ -46,6 +46,14 @@ class Replier:
     async def text(self, message_id: str, text: str, *, in_thread: bool) -> None:
         await self._api.reply(message_id, "text", {"text": text}, uuid=_uuid(message_id, "text"), in_thread=in_thread)
 
+    async def post(self, chat_id: str, thread: str | None, text: str, *, attempt: str) -> None:
+        """A message the bot starts itself (a reminder): in the thread if there is one, else in the chat."""
+        content, uuid = {"text": text}, _uuid(chat_id, attempt)
+        if thread is None:
+            await self._api.send(chat_id, "text", content, uuid=uuid)
+            return
+        await self._api.reply(thread, "text", content, uuid=uuid, in_thread=True)
+
     async def stream(
         self,
         message_id: str,

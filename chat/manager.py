@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 
 from cache.keys import Scope, l1_key, scope_key
@@ -25,6 +25,7 @@ from chat.figures import ChatFigures, TurnCounter
 from chat.merging import RequestMerger
 from chat.reply import Reply
 from chat.sessions import API_CHANNEL, Conversation, SessionState, SessionStore
+from chat.tool_calls import ToolUse
 from chat.transcripts import Transcript
 from chat.turns import InvalidMessage, Turn, TurnResult, require_unicode
 from engine import ChatFormat, LLMEngine, SamplingParams, StreamDelta
@@ -43,6 +44,9 @@ class _Request:
     params: SamplingParams
     merge: bool
     seed: Transcript | None
+    private: bool  # the prompt holds what only this user may see: the shared cache is neither read nor written
+    prefill: str  # what the reply starts with before the model writes (a tool call's opening), and its ids
+    prefill_ids: list[int]
 
 
 class ChatManager:
@@ -87,34 +91,70 @@ class ChatManager:
         params: SamplingParams | None = None,
         merge: bool = True,
         seed: Transcript | None = None,
+        notes: Sequence[str] = (),
+        private: bool = False,
+        prefill: str = "",
     ) -> Turn:
         """Validate now (InvalidMessage before anything is stored); the turn runs as it is iterated.
 
         `merge=False` when the caller asked for an independent random sample. `seed`: the earlier
-        conversation a new session starts from (see `turn_for_transcript`)."""
+        conversation a new session starts from (see `turn_for_transcript`). `notes`: what the
+        model should know for this question alone (the user's recalled memories). They go inside
+        the user's message, not the system prompt, so the history before it stays the prefix the
+        engine has cached; the stored text stays the user's own words. `private`: as with notes,
+        the shared cache is neither read nor written and no generation is shared. `prefill`: what
+        the reply starts with, the model writing on from it (no think block then)."""
         require_unicode(text, "The message")
         text = text.strip()
         if not text:
             raise InvalidMessage("The message is empty: send some text.")
         if len(text) > self.max_message_chars:
             raise InvalidMessage(f"The message is too long ({len(text)} characters; at most {self.max_message_chars}).")
-        user_ids = self.chat_format.message("user", text)
+        user_ids = self.chat_format.message("user", with_notes(text, notes))
         # A question may take half the budget; the other half is the conversation it continues.
         limit = self.max_prompt_tokens // 2
         if len(user_ids) + len(self.chat_format.generation_prompt) > limit:
             raise InvalidMessage(f"The message is too long ({len(user_ids)} tokens; at most {limit}).")
-        request = _Request(conversation, text, user_ids, params or self.sampling, merge, seed)
+        request = _Request(
+            conversation,
+            text,
+            user_ids,
+            params or self.sampling,
+            merge,
+            seed,
+            private=private or bool(notes),
+            prefill=prefill,
+            prefill_ids=self.chat_format.encode(prefill),
+        )
         return Turn(lambda turn: self._run(turn, request))
 
     def turn_for_transcript(
-        self, transcript: Transcript, *, params: SamplingParams | None = None, merge: bool = True
+        self,
+        transcript: Transcript,
+        *,
+        params: SamplingParams | None = None,
+        merge: bool = True,
+        tools: ToolUse | None = None,
     ) -> Turn:
         """The whole conversation arrives with every call: the session whose messages are exactly
-        the earlier ones continues; without one, a new session starts from the transcript."""
+        the earlier ones continues; without one, a new session starts from the transcript.
+
+        `tools`: what the model may call. Such a turn is private: its answer depends on what the
+        tools return now. Raises NoToolSupport when the chat template cannot frame them."""
         transcript.validate()
+        framed = transcript.framed(self.chat_format, tools.offered if tools is not None else ())
         conversation = Conversation(channel=API_CHANNEL, chat_id=uuid.uuid4().hex)  # unless one continues
-        content = transcript.messages[-1].content
-        return self.turn(conversation, content, params=params, merge=merge, seed=transcript.earlier)
+        content = framed.messages[-1].content
+        prefill = tools.prefill(self.chat_format) if tools is not None else ""
+        return self.turn(
+            conversation,
+            content,
+            params=params,
+            merge=merge,
+            seed=framed.earlier,
+            private=tools is not None,
+            prefill=prefill,
+        )
 
     async def _run(self, turn: Turn, request: _Request) -> TurnResult:
         started = time.perf_counter()
@@ -123,9 +163,9 @@ class ChatManager:
             scope = scope_key(self.model_name, session.system_prompt, digest)
             reply, level, compression = await self._answer(turn, request, session, scope)
             turn.reply_complete()
-            answer = (reply.text, self.chat_format.reply(reply.generated_ids))
+            answer = (reply.text, self.chat_format.reply([*request.prefill_ids, *reply.generated_ids]))
             await self.sessions.save_turn(session, (request.text, request.user_ids), answer, compression)
-            if level is CacheLevel.MISS and reply.finish_reason in ("stop", "length"):
+            if level is CacheLevel.MISS and reply.finish_reason in ("stop", "length") and not request.private:
                 # An answer cut at max_tokens is cached as cut: it serves requests for no more.
                 cut_at = request.params.max_tokens if reply.finish_reason == "length" else None
                 await self.cache.store(scope, request.text, reply.text, cut_at)
@@ -155,22 +195,28 @@ class ChatManager:
     ) -> tuple[Reply, CacheLevel, Compression | None]:
         """The reply, from the cache or the model, streamed to `turn` as it comes."""
         reply = Reply()
-        hit = await self.cache.lookup(scope, request.text, request.params.max_tokens)
+        hit = None if request.private else await self.cache.lookup(scope, request.text, request.params.max_tokens)
         if hit is not None:
             turn.cache_level = hit.level
             self._served_from_cache(reply, hit, request.params.max_tokens)
             turn.emit(reply.text)
             return reply, hit.level, None
         history, compression = session.history, None
-        pending = len(request.user_ids) + len(self.chat_format.generation_prompt)
+        pending = len(request.user_ids) + len(self.chat_format.generation_prompt) + len(request.prefill_ids)
         if self.compressor.needed(history, pending):
             compression = await self._compress(session, request.text, pending)
             history = compression.history if compression is not None else history
-        prompt_ids = history.prompt(request.user_ids, self.chat_format.generation_prompt)
+        prompt_ids = history.prompt(request.user_ids, self.chat_format.generation_prompt, request.prefill_ids)
         deltas, merged = self._generate(scope, request, prompt_ids)
         level = turn.cache_level = CacheLevel.MERGED if merged else CacheLevel.MISS
-        async for piece in reply.visible(deltas, self._think_end):
-            turn.emit(piece)
+        # The prefill is the reply's start; the caller gets it with the model's first text, once
+        # the engine has taken the prompt (a refused prompt is then an error before any text).
+        reply.text = unsent = request.prefill
+        async for piece in reply.visible(deltas, None if request.prefill else self._think_end):
+            turn.emit(unsent + piece)
+            unsent = ""
+        if unsent:
+            turn.emit(unsent)
         return reply, level, compression
 
     def _served_from_cache(self, reply: Reply, hit: CacheHit, max_tokens: int) -> None:
@@ -190,7 +236,7 @@ class ChatManager:
     ) -> tuple[AsyncIterator[StreamDelta], bool]:
         """Engine deltas for this prompt, shared with an identical request already running if any."""
         params = request.params
-        if not (request.merge and self.merge_requests):
+        if request.private or not (request.merge and self.merge_requests):
             return self.engine.stream(prompt_ids, params), False
         key = f"{l1_key(scope, request.text)}:{params!r}"
         stream = self.merger.run(key, lambda: self.engine.stream(prompt_ids, params))
@@ -309,3 +355,11 @@ class ChatManager:
             cache=self.cache.figures(),
             merging=self.merger.figures(),
         )
+
+
+def with_notes(text: str, notes: Sequence[str]) -> str:
+    """The user's message as the model reads it, with what it should know for it first."""
+    if not notes:
+        return text
+    remembered = "\n".join(f"- {note}" for note in notes)
+    return f"(What you remember about me, in case it helps:\n{remembered})\n\n{text}"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import cast
@@ -26,7 +26,7 @@ from chat.session_rows import SessionDetail, SessionPage
 from chat.transcripts import Transcript, transcript_digest
 from engine import ChatFormat
 from settings import ContextSettings
-from storage import ChatRepository, Database, MessageRepository, SessionRepository
+from storage import Chat, ChatRepository, Database, MessageRepository, SessionRepository
 
 # Conversations that arrive as whole transcripts (the OpenAI-compatible API): their sessions are
 # found by the transcript's digest.
@@ -67,6 +67,26 @@ class SessionState:
 
     def transcript_digest(self) -> str:
         return transcript_digest(self.system_prompt, self.transcript)
+
+
+@dataclass(frozen=True)
+class Persona:
+    """Who the bot is in a chat: a name and a manner, set with /persona."""
+
+    name: str
+    manner: str
+
+    @classmethod
+    def of(cls, chat: Chat) -> Persona | None:
+        return None if chat.persona_name is None else cls(chat.persona_name, chat.persona_manner or "")
+
+
+def with_persona(persona: Persona | None, instructions: str) -> str:
+    """The system prompt of a chat's new session: who the bot is first, then the chat's instructions."""
+    if persona is None:
+        return instructions
+    manner = f" {persona.manner}" if persona.manner else ""
+    return f"Your name is {persona.name}.{manner}\n\n{instructions}".strip()
 
 
 @dataclass(frozen=True)
@@ -243,8 +263,21 @@ class SessionStore:
     async def set_system_prompt(self, conversation: Conversation, system_prompt: str | None) -> None:
         """Per chat and persisted. The system prompt heads the token history, so a new one starts a
         new session."""
-        await asyncio.to_thread(self._save_system_prompt, conversation, system_prompt)
+        await asyncio.to_thread(
+            self._save_chat, conversation, lambda chats: chats.set_system_prompt(conversation.chat_id, system_prompt)
+        )
         await self.reset(conversation)
+
+    async def set_persona(self, conversation: Conversation, persona: Persona | None) -> None:
+        """Per chat and persisted; it heads the system prompt, so it too starts a new session."""
+        name, manner = (persona.name, persona.manner) if persona else (None, None)
+        await asyncio.to_thread(
+            self._save_chat, conversation, lambda chats: chats.set_persona(conversation.chat_id, name, manner)
+        )
+        await self.reset(conversation)
+
+    async def persona(self, conversation: Conversation) -> Persona | None:
+        return await asyncio.to_thread(self._persona, conversation)
 
     def forget(self, session_keys: list[str]) -> None:
         """Drop sessions closed behind the store's back (the idle-session job) from memory."""
@@ -295,10 +328,9 @@ class SessionStore:
             if row is None:
                 if seed is not None:
                     system_prompt = seed.system_prompt
-                elif chat.system_prompt is not None:
-                    system_prompt = chat.system_prompt
                 else:
-                    system_prompt = self.settings.system_prompt
+                    instructions = self.settings.system_prompt if chat.system_prompt is None else chat.system_prompt
+                    system_prompt = with_persona(Persona.of(chat), instructions)
                 row = sessions.create(key, chat_id=chat.id, system_prompt=system_prompt)
                 if seed is not None:
                     self._write_seed(MessageRepository(session), row.id, seed)
@@ -371,11 +403,16 @@ class SessionStore:
         with self.db.session() as session:
             SessionRepository(session).close(session_id)
 
-    def _save_system_prompt(self, conversation: Conversation, system_prompt: str | None) -> None:
+    def _save_chat(self, conversation: Conversation, change: Callable[[ChatRepository], None]) -> None:
         with self.db.session() as session:
             chats = ChatRepository(session)
             chats.get_or_create(conversation.chat_id, channel=conversation.channel, chat_type=conversation.chat_type)
-            chats.set_system_prompt(conversation.chat_id, system_prompt)
+            change(chats)
+
+    def _persona(self, conversation: Conversation) -> Persona | None:
+        with self.db.session() as session:
+            chat = session.get(Chat, conversation.chat_id)
+            return None if chat is None else Persona.of(chat)
 
 
 def _write_context(session: Session, session_id: int, compression: Compression, *, compressed: bool) -> None:

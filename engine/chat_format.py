@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from jinja2 import TemplateError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -12,6 +14,14 @@ Speaker = Literal["system", "user", "assistant"]
 # Plain words every tokenizer keeps whole enough to be found again in the rendered template.
 PLACEHOLDERS: dict[Speaker, str] = {"system": "SYSTEMTEXT", "user": "USERTEXT", "assistant": "ASSISTANTTEXT"}
 PROBE: list[Speaker] = ["system", "user", "assistant", "user"]
+# The call of the probes that learn how a template writes tool calls.
+PROBE_TOOL = "TOOLNAME"
+PROBE_CALL = {"type": "function", "function": {"name": PROBE_TOOL, "arguments": {}}}
+NO_TOOL_SUPPORT = "this model's chat template has no tool support"
+
+
+class NoToolSupport(ValueError):
+    """The chat template does not render tools, or not in a way that can be framed message by message."""
 
 
 @dataclass(frozen=True)
@@ -22,6 +32,9 @@ class Frame:
     open_ids: tuple[int, ...]
     open_text: str
     close_ids: tuple[int, ...]
+    # The same as the template renders it, to cut the message's text out of rendered conversations.
+    opening: str
+    closing: str
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,7 @@ class ChatFormat:
     eos_token_ids: frozenset[int]
     # Qwen3's `</think>`: where a thinking model's hidden reasoning ends; None for other models
     think_end: int | None
+    enable_thinking: bool
 
     @classmethod
     def for_tokenizer(
@@ -80,6 +94,7 @@ class ChatFormat:
             generation_prompt=tuple(_encode_template(tokenizer, opening[len(closed) :])),
             eos_token_ids=frozenset({end_of_turn, *eos_token_ids} | {tokenizer.eos_token_id} - {None}),
             think_end=think_end,
+            enable_thinking=enable_thinking,
         )
         built = [*chat_format.message("system", PLACEHOLDERS["system"])]
         for speaker in PROBE[1:]:
@@ -117,15 +132,84 @@ class ChatFormat:
         """A one-question conversation, ready for the model's answer."""
         return [*self.system(system), *self.message("user", user), *self.generation_prompt]
 
+    # --- tools (OpenAI's function calling): what the template writes, as texts to frame as above ---
+    # Each raises NoToolSupport when the template does not write it that way.
+
+    def tools_system(self, system: str, tools: Sequence[Mapping[str, Any]]) -> str:
+        """The system message's text once the model may call `tools` (OpenAI function definitions):
+        the template writes the tool list into it, so `system()` of this text opens a conversation as
+        the template does."""
+        user = {"role": "user", "content": PLACEHOLDERS["user"]}
+        messages = [{"role": "system", "content": system}, user] if system else [user]
+        rendered = self._render_tools(messages, tools)
+        if rendered == self._render_tools(messages):
+            raise NoToolSupport(NO_TOOL_SUPPORT)
+        system_frame, user_frame = self.frames["system"], self.frames["user"]
+        head = system_frame.opening
+        tail = system_frame.closing + user_frame.opening + PLACEHOLDERS["user"] + user_frame.closing
+        if not (rendered.startswith(head) and rendered.endswith(tail)):
+            raise NoToolSupport("this model's chat template puts the tool list elsewhere than in the system message")
+        return rendered[len(head) : len(rendered) - len(tail)]
+
+    def assistant_with_calls(self, content: str, calls: Sequence[Mapping[str, Any]]) -> str:
+        """The text of an assistant message that says `content` and makes `calls` (OpenAI
+        `tool_calls`), written as the template writes them: what the model would have written."""
+        user = {"role": "user", "content": PLACEHOLDERS["user"]}
+        said = self._render_tools([user, {"role": "assistant", "content": content}])
+        called = self._render_tools([user, {"role": "assistant", "content": content, "tool_calls": list(calls)}])
+        closing = self.frames["assistant"].closing
+        cut = len(said) - len(closing)
+        if called == said or not (called.startswith(said[:cut]) and called.endswith(closing)):
+            raise NoToolSupport(NO_TOOL_SUPPORT)
+        return content + called[cut : len(called) - len(closing)]
+
+    def tool_results(self, results: Sequence[str]) -> str:
+        """The text of the user message that carries consecutive tool results, as the template
+        writes them (Qwen3: each in <tool_response> tags, together in one user turn)."""
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": PLACEHOLDERS["user"]},
+            {"role": "assistant", "content": PLACEHOLDERS["assistant"], "tool_calls": [PROBE_CALL]},
+            *({"role": "tool", "content": result} for result in results),
+        ]
+        rendered = self._render_tools(messages)
+        closing, user = self.frames["assistant"].closing, self.frames["user"]
+        turn = rendered[rendered.find(closing, rendered.find(PLACEHOLDERS["assistant"])) + len(closing) :]
+        if not (turn.startswith(user.opening) and turn.endswith(user.closing)):
+            raise NoToolSupport(NO_TOOL_SUPPORT)
+        return turn[len(user.opening) : len(turn) - len(user.closing)]
+
+    def tool_call_opening(self, function: str | None = None) -> str:
+        """How the template starts a tool call: the text before the call's JSON object, or with
+        `function`, up to where that function's arguments go. A reply that must call a tool (that
+        function) starts with it."""
+        calls = self.assistant_with_calls("", [PROBE_CALL])
+        name = calls.find(PROBE_TOOL)
+        start = calls.rfind("{", 0, name)  # the call's JSON object
+        arguments = calls.find("{}", name)
+        if min(name, start, arguments) < 0:
+            raise NoToolSupport("this model's chat template writes tool calls in a form that cannot be started")
+        return calls[:start] if function is None else calls[:arguments].replace(PROBE_TOOL, function)
+
+    def _render_tools(self, messages: list[dict[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        try:
+            return _render(self.tokenizer, messages, self.enable_thinking, tools=tools)
+        except TemplateError as exc:  # the template's raise_exception: it refuses these messages
+            raise NoToolSupport(f"{NO_TOOL_SUPPORT} ({exc})") from None
+
 
 def _render(
     tokenizer: PreTrainedTokenizerBase,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     enable_thinking: bool,
     add_generation_prompt: bool = False,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
     text = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking, tokenize=False
+        messages,
+        tools=[dict(tool) for tool in tools] if tools else None,
+        add_generation_prompt=add_generation_prompt,
+        enable_thinking=enable_thinking,
+        tokenize=False,
     )
     assert isinstance(text, str)
     return text
@@ -182,6 +266,8 @@ def _frame(tokenizer: PreTrainedTokenizerBase, added_tokens: re.Pattern[str], be
         open_ids=tuple(_encode_template(tokenizer, before[:split])),
         open_text=before[split:],
         close_ids=tuple(_encode_template(tokenizer, after)),
+        opening=before,
+        closing=after,
     )
 
 

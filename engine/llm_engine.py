@@ -51,6 +51,7 @@ class LLMEngine:
         self.model_name = checkpoint.name
         self.is_demo_model = checkpoint.is_demo
         self.device, self.dtype = device, dtype
+        self.num_parameters = sum(parameter.numel() for parameter in model.parameters())
         self.max_model_len = self.core.max_model_len
         self.inputs = InputProcessor(self.tokenizer, arch.vocab_size, self.max_model_len)
         self._lock = threading.Condition()

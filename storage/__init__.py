@@ -1,5 +1,5 @@
 from storage.db import Database
-from storage.models import Base, CacheEntry, Chat, ChatSession, FollowedThread, Message, ProcessedEvent, utcnow
+from storage.models import Base, CacheEntry, Chat, ChatSession, FollowedThread, Memory, Message, ProcessedEvent, utcnow
 from storage.repositories import (
     CacheRepository,
     ChatRepository,
@@ -19,6 +19,7 @@ __all__ = [
     "Database",
     "EventRepository",
     "FollowedThread",
+    "Memory",
     "Message",
     "MessageRepository",
     "ProcessedEvent",

@@ -6,7 +6,20 @@ import sys
 from array import array
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, LargeBinary, String, Text, UniqueConstraint, text
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    Unicode,
+    UniqueConstraint,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
@@ -69,6 +82,8 @@ class Chat(Base):
     chat_type: Mapped[str] = mapped_column(String(16), default="p2p")
     name: Mapped[str | None] = mapped_column(String(256))
     system_prompt: Mapped[str | None] = mapped_column(Text)
+    persona_name: Mapped[str | None] = mapped_column(String(64))
+    persona_manner: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
@@ -105,6 +120,8 @@ class ChatSession(Base):
     # An API session's transcript (system prompt, user and assistant texts), hashed: the next
     # request of its client sends it again and is matched to this session by it.
     transcript_digest: Mapped[str | None] = mapped_column(String(32), index=True)
+    # When the model went over it for facts to remember, once it had closed (or it was decided to skip).
+    distilled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     chat: Mapped[Chat | None] = relationship(back_populates="sessions")
     messages: Mapped[list[Message]] = relationship(
@@ -175,3 +192,32 @@ class FollowedThread(Base):
 
     root_message_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     expires_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+class Memory(Base):
+    """A fact the bot keeps for its owner (a private chat, or one person in a group) across
+    sessions, with its embedding for recall."""
+
+    __tablename__ = "memories"
+    # Ids are never reused (SQLite reuses the largest one after a delete without this), so the
+    # (count, largest id) of an owner's rows changes with every change: MemoryStore's index check.
+    __table_args__ = (Index("ix_memories_owner", "owner"), {"sqlite_autoincrement": True})
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(256))
+    text: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(String(16))  # "asked" (/remember) or "distilled" (a closed session)
+    embedder: Mapped[str] = mapped_column(String(128))
+    embedding: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ScheduledJob(Base):
+    """A reminder or scheduled prompt, as APScheduler's SQLAlchemyJobStore keeps it (its table,
+    exactly): written and read only by that job store (assistant/reminders.py)."""
+
+    __tablename__ = "apscheduler_jobs"
+
+    id: Mapped[str] = mapped_column(Unicode(191), primary_key=True)
+    next_run_time: Mapped[float | None] = mapped_column(Float(25), index=True)  # a UTC timestamp
+    job_state: Mapped[bytes] = mapped_column(LargeBinary)  # the pickled job

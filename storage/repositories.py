@@ -30,6 +30,11 @@ class ChatRepository:
         assert chat is not None, f"unknown chat {chat_id}"
         chat.system_prompt = system_prompt
 
+    def set_persona(self, chat_id: str, name: str | None, manner: str | None) -> None:
+        chat = self.session.get(Chat, chat_id)
+        assert chat is not None, f"unknown chat {chat_id}"
+        chat.persona_name, chat.persona_manner = name, manner
+
 
 class SessionRepository:
     def __init__(self, session: Session) -> None:

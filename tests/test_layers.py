@@ -1,5 +1,5 @@
-"""Dependencies point one way: bot/ and web/ -> chat/ -> cache/, engine/, storage/; the engine
-imports nothing of ours. Read from the source, so an import inside a function counts too."""
+"""Dependencies point one way: bot/ -> assistant/ -> chat/ -> cache/, engine/, storage/ (web/ -> chat/
+too); the engine imports nothing of ours. Read from the source, so an import inside a function counts too."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ ALLOWED: dict[str, set[str]] = {
     "settings": {"engine"},  # EngineConfig's defaults are the engine section's
     "cache": {"engine", "settings", "storage"},
     "chat": {"cache", "engine", "settings", "storage"},
-    "bot": {"chat", "settings", "storage"},
+    "assistant": {"cache", "chat", "engine", "settings", "storage"},
+    "bot": {"assistant", "chat", "settings", "storage"},
     "web": {"cache", "chat", "engine", "settings"},
     "logging_setup": {"cache", "settings"},
     "app": {"logging_setup", "settings", "web", "wiring"},

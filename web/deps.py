@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -48,6 +49,15 @@ def _monitor(request: Request) -> Monitor:
     return monitor
 
 
+# How many memories, owners, reminders and scheduled prompts the assistant keeps: counts, never texts.
+AssistantCounts = Callable[[], Awaitable[dict[str, int]]]
+
+
+def _assistant_counts(request: Request) -> AssistantCounts:
+    counts: AssistantCounts = request.app.state.assistant_counts
+    return counts
+
+
 def _transports(request: Request) -> dict[str, TransportProbe]:
     transports: dict[str, TransportProbe] = request.app.state.transports
     return transports
@@ -61,3 +71,4 @@ LoginThrottleDep = Annotated[LoginThrottle, Depends(_login_throttle)]
 TelemetryDep = Annotated[Telemetry, Depends(_telemetry)]
 MonitorDep = Annotated[Monitor, Depends(_monitor)]
 TransportsDep = Annotated[dict[str, TransportProbe], Depends(_transports)]
+AssistantCountsDep = Annotated[AssistantCounts, Depends(_assistant_counts)]

@@ -2,7 +2,9 @@
 
 Served by the same ChatManager as Feishu: a conversation sent in full with every call continues
 the session whose stored token ids it matches, so earlier turns come from the prefix cache.
-Every completion carries `X-Cache-Status: miss | exact | semantic | merged` and OpenAI `usage`."""
+Every completion carries `X-Cache-Status: miss | exact | semantic | merged` and OpenAI `usage`.
+With `tools`, the model's calls (written in its chat template's format) come back as OpenAI
+`tool_calls`; such requests never use the response cache and never share a generation."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ from fastapi.responses import StreamingResponse
 
 from cache.levels import CacheLevel
 from chat import ChatMessage, InvalidMessage, Transcript, Turn, TurnResult
+from chat.tool_calls import ToolCall, ToolCallStream, ToolUse, parse
 from engine import SamplingParams
+from engine.chat_format import NoToolSupport
 from settings import GenerationSettings, LimitsSettings
 from web.admission import admit
 from web.deps import ChatManagerDep, RateLimiterDep, SettingsDep
@@ -34,10 +38,14 @@ from web.openai_schemas import (
     Choice,
     ChunkChoice,
     Delta,
+    DeltaToolCall,
     ErrorBody,
     FinishReason,
+    FunctionCall,
+    MessageToolCall,
     Model,
     ModelList,
+    NamedToolChoice,
     PromptTokensDetails,
     RequestMessage,
     Usage,
@@ -92,13 +100,18 @@ async def create_chat_completion(
             code="model_not_found",
         )
     transcript = _transcript(body.messages, settings.limits, settings.context.system_prompt)
+    tools = _tool_use(body)
     params = _sampling(body, chat_manager.sampling, settings.generation)
     # Independent random samples must not share one generation.
     merge = not (body.temperature and body.seed is None)
     try:
-        turn = chat_manager.turn_for_transcript(transcript, params=params, merge=merge)
+        turn = chat_manager.turn_for_transcript(transcript, params=params, merge=merge, tools=tools)
+    except NoToolSupport as exc:
+        param = "tools" if body.tools else "messages"
+        raise WebError(400, f"Tools cannot be used: {exc}.", param=param, code="tools_unsupported") from None
     except InvalidMessage as exc:
         raise WebError(400, str(exc), param="messages") from None
+    calling = tools is not None and bool(tools.offered)  # the reply may hold calls to parse out
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model)
 
     if body.stream:
@@ -109,7 +122,7 @@ async def create_chat_completion(
             raise _turn_failed(exc) from exc
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
-            completion.events(turn, deltas, first, include_usage),
+            completion.events(turn, deltas, first, include_usage, ToolCallStream() if calling else None),
             media_type="text/event-stream",
             headers={
                 "Cache-Control": "no-cache",
@@ -127,7 +140,7 @@ async def create_chat_completion(
         id=completion.id,
         created=completion.created,
         model=model,
-        choices=[Choice(message=AssistantMessage(content=result.reply), finish_reason=_finish_reason(result))],
+        choices=[_choice(result, calling)],
         usage=_usage(result),
     )
 
@@ -143,18 +156,24 @@ class _Completion:
         return f"data: {chunk.model_dump_json(exclude=None if include_usage else {'usage'})}\n\n"
 
     async def events(
-        self, turn: Turn, deltas: AsyncGenerator[str], first: str | None, include_usage: bool
+        self,
+        turn: Turn,
+        deltas: AsyncGenerator[str],
+        first: str | None,
+        include_usage: bool,
+        parser: ToolCallStream | None,
     ) -> AsyncIterator[str]:
-        """OpenAI's SSE: the role, the text increments, the finish reason, usage if asked, [DONE]."""
+        """OpenAI's SSE: the role, the text increments (and each tool call, whole, once `parser`
+        has read it), the finish reason, usage if asked, [DONE]."""
         yield self.chunk([ChunkChoice(delta=Delta(role="assistant", content=""))], None, include_usage)
-        async with aclosing(deltas):
+        calls = 0
+        async with aclosing(deltas), aclosing(_parts(first, deltas, parser)) as parts:
             try:
-                if first is not None:
-                    yield self.chunk([ChunkChoice(delta=Delta(content=first))], None, include_usage)
-                    async for text in deltas:
-                        yield self.chunk([ChunkChoice(delta=Delta(content=text))], None, include_usage)
+                async for part in parts:
+                    yield self.chunk([ChunkChoice(delta=_delta(part, calls))], None, include_usage)
+                    calls += isinstance(part, ToolCall)
                 assert turn.result is not None
-                finish_reason = _finish_reason(turn.result)
+                finish_reason = _finish_reason(turn.result, called=calls > 0)
             except (ValueError, RuntimeError) as exc:
                 yield f"data: {_turn_failed(exc).body().model_dump_json()}\n\n"
                 return
@@ -189,9 +208,87 @@ def _transcript(messages: Sequence[RequestMessage], limits: LimitsSettings, defa
     for index, message in enumerate(messages[leading:], start=leading):
         if message.role == "system" or message.role == "developer":
             raise WebError(400, "System messages must come before the conversation.", param=f"messages[{index}].role")
-        conversation.append(ChatMessage(message.role, message.text))
+        _check_tool_fields(message, index)
+        calls = tuple(ToolCall(c.function.name, c.function.arguments, c.id) for c in message.tool_calls or ())
+        conversation.append(ChatMessage(message.role, message.text, calls, message.tool_call_id))
     system_prompt = "\n\n".join(m.text for m in messages[:leading]) if leading else default_system_prompt
     return Transcript(system_prompt, tuple(conversation))
+
+
+def _check_tool_fields(message: RequestMessage, index: int) -> None:
+    if message.tool_calls and message.role != "assistant":
+        raise WebError(400, "Only an assistant's message can make tool calls.", param=f"messages[{index}].tool_calls")
+    if message.role == "tool" and message.tool_call_id is None:
+        raise WebError(
+            400,
+            "A tool's message must name the call it answers in 'tool_call_id'.",
+            param=f"messages[{index}].tool_call_id",
+        )
+    if message.content is None and not message.tool_calls:
+        raise WebError(400, f"Message {index} has no content.", param=f"messages[{index}].content")
+
+
+def _tool_use(body: ChatCompletionRequest) -> ToolUse | None:
+    """The request's tools and tool_choice, checked; None without tools."""
+    choice = body.tool_choice
+    if not body.tools:
+        if choice in (None, "none", "auto"):
+            return None
+        raise WebError(400, "'tool_choice' requires 'tools'.", param="tool_choice")
+    names = [tool.function.name for tool in body.tools]
+    for index, name in enumerate(names):
+        if names.index(name) != index:
+            raise WebError(400, f"The function '{name}' is defined twice.", param=f"tools[{index}].function.name")
+        parameters = body.tools[index].function.parameters or {}
+        if parameters.get("type", "object") != "object":
+            raise WebError(
+                400,
+                "A function's parameters must be a JSON Schema of type 'object'.",
+                param=f"tools[{index}].function.parameters",
+            )
+    definitions = tuple(tool.model_dump(exclude_unset=True) for tool in body.tools)
+    if not isinstance(choice, NamedToolChoice):
+        return ToolUse(definitions, choice or "auto")
+    if choice.function.name not in names:
+        raise WebError(
+            400,
+            f"'tool_choice' names the function '{choice.function.name}', which 'tools' does not define.",
+            param="tool_choice.function.name",
+        )
+    return ToolUse(definitions, "required", choice.function.name)
+
+
+async def _parts(
+    first: str | None, rest: AsyncIterator[str], parser: ToolCallStream | None
+) -> AsyncGenerator[str | ToolCall]:
+    """The reply's text as it streams, from its first piece; with a parser, its calls parsed out."""
+    text = first
+    while text is not None:
+        for part in parser.feed(text) if parser else (text,):
+            yield part
+        text = await anext(rest, None)
+    for part in parser.finish() if parser else ():
+        yield part
+
+
+def _delta(part: str | ToolCall, index: int) -> Delta:
+    """A chunk's delta: text, or the call numbered `index` in the reply."""
+    if isinstance(part, str):
+        return Delta(content=part)
+    function = FunctionCall(name=part.name, arguments=part.arguments)
+    return Delta(tool_calls=[DeltaToolCall(index=index, id=part.id, function=function)])
+
+
+def _choice(result: TurnResult, calling: bool) -> Choice:
+    """The whole reply; when `calling`, its tool calls parsed out."""
+    if not calling:
+        return Choice(message=AssistantMessage(content=result.reply), finish_reason=_finish_reason(result))
+    reply = parse(result.reply)
+    if not reply.calls:
+        return Choice(message=AssistantMessage(content=reply.content), finish_reason=_finish_reason(result))
+    calls = [MessageToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in reply.calls]
+    message = AssistantMessage(content=reply.content or None, tool_calls=calls)
+    return Choice(message=message, finish_reason=_finish_reason(result, called=True))
 
 
 async def _collect(turn: Turn, request: Request) -> TurnResult:
@@ -241,10 +338,12 @@ def _sampling(body: ChatCompletionRequest, defaults: SamplingParams, generation:
         raise WebError(400, f"Invalid sampling parameters: {exc}.") from None
 
 
-def _finish_reason(result: TurnResult) -> FinishReason:
+def _finish_reason(result: TurnResult, called: bool = False) -> FinishReason:
+    """`called`: the reply made tool calls. One cut at max_tokens stays "length": the calls may be
+    fewer than the model meant."""
     if result.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"the engine ended the reply early ({result.finish_reason})")
-    return result.finish_reason
+    return "tool_calls" if called and result.finish_reason == "stop" else result.finish_reason
 
 
 def _turn_failed(exc: ValueError | RuntimeError) -> WebError:

@@ -6,13 +6,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 from pydantic_core import PydanticCustomError
 
 from chat.turns import lone_surrogate_at
 
-Role = Literal["system", "developer", "user", "assistant"]
-FinishReason = Literal["stop", "length"]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "tool_calls"]
+MAX_TOOLS = 128
 
 
 def _unicode(text: str) -> str:
@@ -27,6 +36,52 @@ def _unicode(text: str) -> str:
 ClientStr = Annotated[str, AfterValidator(_unicode)]
 
 
+def _unicode_json(value: JsonValue) -> JsonValue:
+    """Every string in a JSON value, keys included, is Unicode (`_unicode`)."""
+    if isinstance(value, str):
+        return _unicode(value)
+    if isinstance(value, list):
+        for item in value:
+            _unicode_json(item)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _unicode(key)
+            _unicode_json(item)
+    return value
+
+
+class FunctionDefinition(BaseModel):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: ClientStr | None = None
+    parameters: Annotated[dict[str, JsonValue], AfterValidator(_unicode_json)] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    name: ClientStr
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class FunctionCall(BaseModel):
+    name: ClientStr
+    arguments: ClientStr  # a JSON object, as a string
+
+
+class MessageToolCall(BaseModel):
+    id: ClientStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class TextPart(BaseModel):
     type: Literal["text"]
     text: ClientStr
@@ -34,13 +89,15 @@ class TextPart(BaseModel):
 
 class RequestMessage(BaseModel):
     role: Role
-    content: ClientStr | list[TextPart]
+    content: ClientStr | list[TextPart] | None = None  # None only for an assistant's message with tool calls
     name: ClientStr | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant's
+    tool_call_id: ClientStr | None = None  # a tool's: the call it answers
 
     @property
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "".join(part.text for part in self.content)
 
 
@@ -63,6 +120,9 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = None
     user: ClientStr | None = Field(None, max_length=256)
     n: Literal[1] = 1
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # accepted; the model may make several calls either way
 
 
 class PromptTokensDetails(BaseModel):
@@ -78,8 +138,17 @@ class Usage(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None when the reply is tool calls alone
     refusal: None = None
+    tool_calls: list[MessageToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_no_calls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """As OpenAI: `tool_calls` only when there are some."""
+        body: dict[str, Any] = handler(self)
+        if self.tool_calls is None:
+            del body["tool_calls"]
+        return body
 
 
 class Choice(BaseModel):
@@ -99,11 +168,21 @@ class ChatCompletion(BaseModel):
     usage: Usage
 
 
+class DeltaToolCall(BaseModel):
+    """A call, whole: as OpenAI streams a call's first part (index, id, type, name) and its arguments."""
+
+    index: int
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Delta(BaseModel):
-    """OpenAI sends only what a chunk adds: the role once, then content, then nothing."""
+    """OpenAI sends only what a chunk adds: the role once, then content or tool calls, then nothing."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -116,6 +116,9 @@ def test_chat_twice_then_console_shows_the_hit(app: AppProcess, browser: Browser
     console.screenshot(path=ARTIFACTS / "console-overview.png", full_page=True)
 
     console.goto(f"{app.base_url}/admin#sessions")
+    playwright_api.expect(console.locator("#assistant-counts")).to_have_text(
+        "Assistant: 0 memories of 0 people · 0 reminders · 0 scheduled prompts"
+    )
     console.locator("#session-list tbody tr").filter(has_text="web:").first.click()
     playwright_api.expect(console.locator("#session-detail .turn")).to_have_count(4)
     console.screenshot(path=ARTIFACTS / "console-sessions.png", full_page=True)

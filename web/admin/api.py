@@ -13,7 +13,7 @@ from cache.response_cache import EntryView
 from chat.session_rows import SessionDetail, SessionPage
 from settings import Settings
 from web.admin.auth import require_admin
-from web.deps import ChatManagerDep, MonitorDep, SessionsDep, SettingsDep, TransportsDep
+from web.deps import AssistantCountsDep, ChatManagerDep, MonitorDep, SessionsDep, SettingsDep, TransportsDep
 from web.health import TransportStatus
 
 SECRETS = {"feishu.app_secret", "feishu.verification_token", "feishu.encrypt_key", "admin.token", "api.key"}
@@ -32,11 +32,14 @@ class Flushed(BaseModel):
 
 
 @router.get("/stats")
-async def stats(chat_manager: ChatManagerDep, sessions: SessionsDep, transports: TransportsDep) -> dict[str, Any]:
-    """Every figure: turns, sessions, engine, KV pool, cache, merging; and how chat platforms' events
-    reach the app (Feishu's transport)."""
+async def stats(
+    chat_manager: ChatManagerDep, sessions: SessionsDep, transports: TransportsDep, assistant: AssistantCountsDep
+) -> dict[str, Any]:
+    """Every figure: turns, sessions, engine, KV pool, cache, merging; the assistant's memories and
+    reminders (counts only); and how chat platforms' events reach the app (Feishu's transport)."""
     figures = dataclasses.asdict(chat_manager.figures())
     figures["sessions"] = dataclasses.asdict(await sessions.counts())
+    figures["assistant"] = await assistant()
     figures["transports"] = {name: _transport(probe()) for name, probe in transports.items()}
     return figures
 

@@ -127,9 +127,11 @@ async function renderCacheTables() {
 // Rows are rebuilt only when they change, so a refresh never pulls a row from under the pointer.
 let shownSessions = "";
 
-async function renderSessions() {
+async function renderSessions(kept) {
   const list = await api("/sessions?limit=100");
   $("#sessions-title").textContent = `Sessions (${number(list.active)} active, ${number(list.total)} in all)`;
+  $("#assistant-counts").textContent = `Assistant: ${number(kept.memories)} memories of ${number(kept.owners)} people · `
+    + `${number(kept.reminders)} reminders · ${number(kept.prompts)} scheduled prompts`;
   const signature = JSON.stringify([list.sessions, openSession]);
   if (signature !== shownSessions) renderSessionRows(list.sessions);
   shownSessions = signature;
@@ -140,7 +142,7 @@ function renderSessionRows(sessions) {
   $("#session-list tbody").replaceChildren(...sessions.map((session) => {
     const row = document.createElement("tr");
     row.className = "clickable" + (session.id === openSession ? " selected" : "");
-    row.onclick = () => { openSession = session.id; renderSessions(); };
+    row.onclick = () => { openSession = session.id; refresh(); };
     row.append(cell(session.key, "clip"), cell(session.state), cell(number(session.turns), "num"), cell(number(session.compressions), "num"), cell(when(session.last_active_at)));
     return row;
   }));
@@ -201,7 +203,7 @@ async function refresh() {
     renderTransports(stats.transports);
     if (page === "overview") renderOverview(stats, history);
     if (page === "cache") { renderCacheFigures(stats, history); await renderCacheTables(); }
-    if (page === "sessions") await renderSessions();
+    if (page === "sessions") await renderSessions(stats.assistant);
     if (page === "config") await renderConfig();
     $("#updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (error) {

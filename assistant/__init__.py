@@ -1,0 +1,1 @@
+"""The assistant layer: long-term memory, reminders and scheduled prompts, tools."""

@@ -1,0 +1,1 @@
+from tests.chat.chat_support import engine, managers, smollm2_engine  # noqa: F401  (fixtures)

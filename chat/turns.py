@@ -66,8 +66,9 @@ class Turn:
         return self._stream()
 
     async def collect(self) -> TurnResult:
+        """Read the reply to its end; the stored turn's result."""
         async for _ in self:
-            pass
+            continue  # the pieces are in the result's reply
         assert self.result is not None
         return self.result
 

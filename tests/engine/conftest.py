@@ -1,4 +1,3 @@
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -12,6 +11,8 @@ from transformers import (
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+
+from tests.models import IM_END, chained_model
 
 # The parity configs: GQA 1:1 and 4:1, tied and untied embeddings, head_dim != hidden/heads; Qwen3
 # and Llama (no q/k norm; biases; llama3 RoPE scaling, its original length short enough to matter).
@@ -84,7 +85,6 @@ PARITY_CONFIGS: dict[str, dict[str, Any]] = {
 
 # What the bigram checkpoint emits after its trigger token, then <|im_end|>.
 BIGRAM_TEXT = "你好，世界！流式输出测试：龘𠀀😀完毕。"
-IM_END = 151645
 
 
 CausalLM = Qwen3ForCausalLM | LlamaForCausalLM
@@ -165,27 +165,7 @@ def bigram_checkpoint(tmp_path_factory: pytest.TempPathFactory, tokenizer: PreTr
     trigger -> BIGRAM_TEXT -> <|im_end|> points at the next one."""
     chain = [tokenizer.encode("Q")[0], *tokenizer.encode(BIGRAM_TEXT), IM_END]
     assert len(set(chain)) == len(chain)
-    hidden = 64
-    model = tiny_model(
-        vocab_size=151936,
-        hidden_size=hidden,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        tie_word_embeddings=False,
-        eos_token_id=IM_END,
-    )
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.model.embed_tokens.weight.zero_()
-        model.lm_head.weight.zero_()
-        for i, (token, next_token) in enumerate(itertools.pairwise(chain)):
-            model.model.embed_tokens.weight[token, i] = 1.0
-            model.lm_head.weight[next_token, i] = 10.0
+    model = chained_model([chain])
     path = tmp_path_factory.mktemp("bigram")
     checkpoint = save_checkpoint(path, model)
     tokenizer.save_pretrained(path)

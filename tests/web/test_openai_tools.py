@@ -7,7 +7,6 @@ below is one the model wrote, parsed out of its reply."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from collections.abc import Iterator
@@ -17,19 +16,18 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import torch
 from openai import OpenAI
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
-from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
+from transformers import PreTrainedTokenizerBase
 
 from storage import Database, Message, MessageRepository
 from tests.app_process import AppProcess
+from tests.models import IM_END, chained_model
 from tests.web.web_support import running_app
 
 API_KEY = "sk-test-key"
 PING_OPENING = '<tool_call>\n{"name": "ping", "arguments": '
 ANSWER = "It is sunny in Paris."
-IM_END = 151645
 TOOLS: list[ChatCompletionToolParam] = [
     {
         "type": "function",
@@ -53,36 +51,14 @@ QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Is th
 
 
 def scripted_checkpoint(path: Path, tokenizer: PreTrainedTokenizerBase) -> Path:
-    """The bigram model of tests/engine: attention and MLP write nothing, so each position's
-    logits depend on its own token alone, and each token of a chain points at the next."""
+    """A model that, after the named call's prefill, writes `{}}` and closes the call; after a
+    plain generation prompt, answers ANSWER."""
     generation_prompt_end = tokenizer.encode("</think>\n\n")[-1]
     chains = [
         [tokenizer.encode(PING_OPENING)[-1], *tokenizer.encode("{}}\n</tool_call>"), IM_END],
         [generation_prompt_end, *tokenizer.encode(ANSWER), IM_END],
     ]
-    links = [link for chain in chains for link in itertools.pairwise(chain)]
-    assert len({token for token, _ in links}) == len(links)  # one next token each
-    config = Qwen3Config(
-        vocab_size=151936,
-        hidden_size=16,
-        intermediate_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
-        tie_word_embeddings=False,
-        eos_token_id=IM_END,
-    )
-    model = Qwen3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.model.embed_tokens.weight.zero_()
-        model.lm_head.weight.zero_()
-        for dimension, (token, following) in enumerate(links):
-            model.model.embed_tokens.weight[token, dimension] = 1.0
-            model.lm_head.weight[following, dimension] = 10.0
+    model = chained_model(chains)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

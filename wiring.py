@@ -83,12 +83,12 @@ def build_app(settings: Settings) -> FastAPI:
     reminders = Reminders(
         scheduler,
         db,
-        lambda reminder, fired_at: bot.deliver(reminder, fired_at),
+        lambda reminder, fired_at: bot.deliver(reminder, fired_at),  # the bot, built below, posts them
         misfire_grace_s=assistant.reminder_grace_s,
         max_per_user=assistant.max_reminders,
     )
     commands = Commands(chat_manager, memory, reminders, assistant)
-    bot = FeishuBot(settings.feishu, chat_manager, db, commands, memory)
+    bot = FeishuBot(settings.feishu, chat_manager, db, commands, memory, reminders, assistant)
     telemetry = Telemetry(chat_manager)
     chat_manager.turn_observers.append(telemetry.observe_turn)
     monitor = Monitor(chat_manager, settings.admin.history_points)

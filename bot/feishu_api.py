@@ -25,6 +25,7 @@ from lark_oapi.api.cardkit.v1 import (
     SettingsCardRequestBody,
 )
 from lark_oapi.api.contact.v3 import GetUserRequest
+from lark_oapi.api.docx.v1 import RawContentDocumentRequest
 from lark_oapi.api.im.v1 import (
     CreateMessageReactionRequest,
     CreateMessageReactionRequestBody,
@@ -142,6 +143,13 @@ class FeishuApi:
         request = GetUserRequest.builder().user_id(open_id).user_id_type("open_id").build()
         response = await self._call("user get", lambda: self._client.contact.v3.user.aget(request))
         return response.data.user.name or ""
+
+    async def document_text(self, document_id: str) -> str:
+        """A docx document's plain text; needs the docx:document:readonly scope, and the document
+        shared with the app."""
+        request = RawContentDocumentRequest.builder().document_id(document_id).build()
+        response = await self._call("document read", lambda: self._client.docx.v1.document.araw_content(request))
+        return response.data.content or ""
 
     async def patch_card(self, message_id: str, card: dict[str, Any]) -> None:
         request = (

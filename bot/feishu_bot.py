@@ -27,7 +27,8 @@ from lark_oapi.api.im.v1 import P2ImMessageReceiveV1
 from lark_oapi.event.callback.model.p2_card_action_trigger import P2CardActionTrigger, P2CardActionTriggerResponse
 
 from assistant.memory import MemoryStore, fact_to_remember, owner_of
-from assistant.reminders import Reminder
+from assistant.reminders import Reminder, Reminders
+from assistant.tools import BuiltinTools
 from assistant.when import looks_like_reminder
 from bot.access import Asking, Gate
 from bot.card_actions import NEW_SESSION, CardClick, card_buttons, read_click, toast
@@ -41,9 +42,10 @@ from bot.reading import Reader
 from bot.replies import Replier
 from bot.status import FeishuStatus, TransportState
 from bot.threads import Threads
+from bot.tool_loop import ToolLoop
 from bot.transport import LongConnection, webhook_router
 from chat import ChatManager, Conversation, InvalidMessage
-from settings import FeishuSettings
+from settings import AssistantSettings, FeishuSettings
 from storage import Database, utcnow
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,8 @@ class FeishuBot:
         db: Database,
         commands: Commands,
         memory: MemoryStore | None,
+        reminders: Reminders,
+        assistant: AssistantSettings,
         *,
         shutdown_grace_s: float = 5.0,
     ) -> None:
@@ -85,6 +89,8 @@ class FeishuBot:
             answer_at_all=settings.answer_at_all,
         )
         self._replier = Replier(self._api, interval_s=settings.stream_interval_ms / 1000)
+        tools = BuiltinTools(memory, reminders, assistant, self._api.document_text)
+        self._tool_loop = ToolLoop.offered(chat_manager, tools, assistant)
         self._reader = Reader(self._api, SenderNames(self._api, app_id=settings.app_id), chat_manager.sessions)
         self._typing = TypingReaction(self._api, enabled=settings.typing_reaction)
         self._lanes: ChatLanes[Delivery | CardClick] = ChatLanes(
@@ -223,9 +229,10 @@ class FeishuBot:
         except InvalidMessage as exc:
             await self._replier.text(message.message_id, str(exc), in_thread=in_thread)
             return
+        answer = turn if self._tool_loop is None else self._tool_loop.answer(conversation, turn)
         async with self._typing.shown_on(message.message_id):
             await self._replier.stream(
-                message.message_id, turn, in_thread=in_thread, attempt=attempt, actions=card_buttons(message, thread)
+                message.message_id, answer, in_thread=in_thread, attempt=attempt, actions=card_buttons(message, thread)
             )
 
     async def _without_model(self, words: str, conversation: Conversation) -> str | None:
@@ -247,8 +254,9 @@ class FeishuBot:
             text = f'<at user_id="{target.user_id}"></at> ⏰ {reminder.text}'
         else:
             conversation = Conversation("feishu", target.chat_id, target.chat_type, target.user_id, target.thread)
-            result = await self._chat_manager.turn(conversation, reminder.text).collect()
-            text = f"🗓 {reminder.text}\n\n{result.reply}"
+            turn = self._chat_manager.turn(conversation, reminder.text)
+            pieces = turn if self._tool_loop is None else self._tool_loop.answer(conversation, turn)
+            text = f"🗓 {reminder.text}\n\n" + "".join([piece async for piece in pieces])
         attempt = f"reminder:{reminder.id}:{fired_at.isoformat()}"
         await self._replier.post(target.chat_id, target.thread, text, attempt=attempt)
 

@@ -122,6 +122,9 @@ class SessionStore:
         # of a conversation in memory finds its session without a query (the table is the fallback).
         self._by_transcript: OrderedDict[str, list[Conversation]] = OrderedDict()
         self._loading = asyncio.Lock()
+        # A channel whose new sessions offer the model tools: the system prompt with them written in
+        # (the Feishu bot's, when the template writes tools).
+        self.tools_prompt: dict[str, Callable[[str], str]] = {}
 
     def key(self, conversation: Conversation) -> str:
         key = f"{conversation.channel}:{conversation.chat_id}"
@@ -331,6 +334,8 @@ class SessionStore:
                 else:
                     instructions = self.settings.system_prompt if chat.system_prompt is None else chat.system_prompt
                     system_prompt = with_persona(Persona.of(chat), instructions)
+                    if (with_tools := self.tools_prompt.get(conversation.channel)) is not None:
+                        system_prompt = with_tools(system_prompt)
                 row = sessions.create(key, chat_id=chat.id, system_prompt=system_prompt)
                 if seed is not None:
                     self._write_seed(MessageRepository(session), row.id, seed)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from chat.turns import lone_surrogate_at
 from engine import ChatFormat
+from engine.chat_format import NoToolSupport
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -61,6 +62,17 @@ class ToolUse:
     def prefill(self, chat_format: ChatFormat) -> str:
         """What the reply starts with, before the model writes a token."""
         return chat_format.tool_call_opening(self.function) if self.choice == "required" else ""
+
+
+def system_with_tools(
+    chat_format: ChatFormat, definitions: Sequence[Mapping[str, Any]]
+) -> Callable[[str], str] | None:
+    """How a system prompt offers the model `definitions`; None when its template writes no tools."""
+    try:
+        chat_format.tools_system("", definitions)
+    except NoToolSupport:
+        return None
+    return lambda system: chat_format.tools_system(system, definitions)
 
 
 @dataclass(frozen=True)

@@ -244,6 +244,9 @@ class AssistantSettings(Section):
     distill_max_facts: int = Field(5, ge=0, le=50)
     max_reminders: int = Field(50, ge=1, le=10_000)
     reminder_grace_s: int = Field(3600, ge=0)
+    tools: bool | Literal["auto"] = "auto"
+    tool_max_steps: int = Field(4, ge=1, le=32)
+    tool_max_seconds: float = Field(60.0, gt=0, le=3600)
 
 
 class Settings(Section):

@@ -9,7 +9,8 @@ records everything the bot sends: `calls` in order, `messages` by id, `cards` by
 What the bot reads: a message by id (one delivered or `remember`ed, or one the bot sent: a card as
 its JSON when asked with card_msg_content_type=raw_card_content, else as Feishu shows a streamed
 card, "upgrade your client"), a merged forward with the messages it carries (`forward`), and a
-user's name (`users`; anyone else is refused as outside the app's contact range).
+user's name (`users`; anyone else is refused as outside the app's contact range), and a docx
+document's plain text (`documents`, by document id; any other is not found).
 
 Switches: `rate_limit(n)` answers the next n OpenAPI calls with HTTP 429 / code 99991400;
 `refuse_cardkit` answers CardKit calls with a permission error; `fail(fragment, n)` answers the
@@ -51,6 +52,7 @@ CARDKIT_DENIED_CODE = 99991672
 SEQUENCE_CODE = 300317
 SERVER_ERROR_CODE = 1500
 NO_USER_AUTHORITY_CODE = 41050
+DOCUMENT_NOT_FOUND_CODE = 1770002
 # How Feishu shows a card sent by card_id (a streamed one) to a reader that does not ask for its JSON.
 UPGRADE_CARD = {"title": "", "elements": [[{"tag": "text", "text": "请升级至最新版本客户端，以查看内容"}]]}
 FRAME_CONTROL, FRAME_DATA = 0, 1
@@ -121,6 +123,7 @@ class FakeFeishu:
         self.messages: dict[str, SentMessage] = {}
         self.cards: dict[str, CardEntity] = {}
         self.users: dict[str, str] = {}
+        self.documents: dict[str, str] = {}  # document_id -> its plain text
         self._carried: dict[str, list[dict[str, Any]]] = {}
         self.refuse_cardkit = False
         self.rate_limited = 0
@@ -337,6 +340,13 @@ class FakeFeishu:
             if request.query_params.get("user_id_type") != "open_id" or user_id not in self.users:
                 raise _Refusal(400, NO_USER_AUTHORITY_CODE, "no user authority error")
             return {"code": 0, "msg": "success", "data": {"user": {"open_id": user_id, "name": self.users[user_id]}}}
+
+        @app.get("/open-apis/docx/v1/documents/{document_id}/raw_content")
+        async def document_text(document_id: str, request: Request) -> dict[str, Any]:
+            await self._admit(request)
+            if document_id not in self.documents:
+                raise _Refusal(400, DOCUMENT_NOT_FOUND_CODE, "not found")
+            return {"code": 0, "msg": "success", "data": {"content": self.documents[document_id]}}
 
         @app.patch("/open-apis/im/v1/messages/{message_id}")
         async def patch_message(message_id: str, request: Request) -> dict[str, Any]:

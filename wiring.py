@@ -87,7 +87,7 @@ def build_app(settings: Settings) -> FastAPI:
         misfire_grace_s=assistant.reminder_grace_s,
         max_per_user=assistant.max_reminders,
     )
-    commands = Commands(chat_manager, memory, reminders, assistant)
+    commands = Commands(chat_manager, memory, reminders, assistant, time_zone_of=lambda user: bot.time_zone(user))
     bot = FeishuBot(settings.feishu, chat_manager, db, commands, memory, reminders, assistant)
     telemetry = Telemetry(chat_manager)
     chat_manager.turn_observers.append(telemetry.observe_turn)

@@ -34,6 +34,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
 
 from assistant.when import When
+from chat import Conversation
 from storage import Database, EventRepository
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,18 @@ class Target:
     chat_type: str  # "p2p" or "group": a scheduled prompt's session is found as its chat's
     thread: str | None
     user_id: str
+
+    @classmethod
+    def of(cls, conversation: Conversation) -> Target:
+        """Where a message was said and by whom: the reminder it sets comes back there, to them."""
+        assert conversation.user_id is not None, "reminders belong to a person"
+        return cls(
+            channel=conversation.channel,
+            chat_id=conversation.chat_id,
+            chat_type=conversation.chat_type,
+            thread=conversation.thread_id,
+            user_id=conversation.user_id,
+        )
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from assistant.memory import MemoryRefused, MemoryStore, owner_of
 from assistant.reminders import ReminderError, Reminders, Target
-from assistant.when import UnparsedTime, parse_when
+from assistant.when import TimeZoneOf, UnparsedTime, parse_when, users_time_zone
 from chat import Conversation
 from chat.tool_calls import ToolCall
 from settings import AssistantSettings
@@ -135,9 +135,11 @@ class BuiltinTools:
         settings: AssistantSettings,
         read_doc: DocReader | None,
         *,
+        time_zone_of: TimeZoneOf | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._memory = memory
+        self._time_zone_of = time_zone_of
         self._reminders = reminders
         self._settings = settings
         self._read_doc = read_doc
@@ -146,7 +148,7 @@ class BuiltinTools:
             _Tool(
                 "current_time",
                 "The current date, time and weekday.",
-                {"timezone": f"an IANA time zone such as Europe/London; {settings.time_zone} if not given"},
+                {"timezone": "an IANA time zone such as Europe/London; the asker's own if not given"},
                 (),
                 self._current_time,
             ),
@@ -209,8 +211,9 @@ class BuiltinTools:
         except ToolError as exc:
             return _capped(f"error: {exc}")
 
-    async def _current_time(self, arguments: dict[str, str], _: Conversation) -> str:
-        zone = arguments.get("timezone") or self._settings.time_zone
+    async def _current_time(self, arguments: dict[str, str], conversation: Conversation) -> str:
+        asker = await users_time_zone(self._time_zone_of, conversation.user_id, self._settings.time_zone)
+        zone = arguments.get("timezone") or asker
         try:
             local = self._now().astimezone(ZoneInfo(zone))
         except (ZoneInfoNotFoundError, ValueError):
@@ -238,17 +241,11 @@ class BuiltinTools:
             raise ToolError("reminders belong to a person, and this conversation has none")
         if not arguments["text"].strip():
             raise ToolError("say what to remind of in 'text'")
-        target = Target(
-            channel=conversation.channel,
-            chat_id=conversation.chat_id,
-            chat_type=conversation.chat_type,
-            thread=conversation.thread_id,
-            user_id=conversation.user_id,
-        )
         phrase = f"{arguments['when']} {arguments['text']}"
         try:
-            when = parse_when(phrase, now=self._now(), timezone=self._settings.time_zone)
-            reminder = await self._reminders.add("remind", target, when)
+            zone = await users_time_zone(self._time_zone_of, conversation.user_id, self._settings.time_zone)
+            when = parse_when(phrase, now=self._now(), timezone=zone)
+            reminder = await self._reminders.add("remind", Target.of(conversation), when)
         except (UnparsedTime, ReminderError) as exc:
             raise ToolError(str(exc)) from None
         return f"reminder set (#{reminder.number}), {reminder.description}: {reminder.text}"

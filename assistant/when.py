@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import cn2an  # type: ignore[import-untyped]
 import dateparser  # type: ignore[import-untyped]
@@ -215,6 +215,21 @@ class When:
 
 class UnparsedTime(ValueError):
     """A phrase with no time we can read; the message says what was expected, with an example."""
+
+
+TimeZoneOf = Callable[[str], Awaitable[str | None]]  # a user id -> the zone that user set, if known
+
+
+async def users_time_zone(time_zone_of: TimeZoneOf | None, user_id: str | None, default: str) -> str:
+    """The zone to read a user's times in: their own when known and valid, else `default`."""
+    zone = await time_zone_of(user_id) if time_zone_of is not None and user_id else None
+    if not zone:
+        return default
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError):
+        return default
+    return zone
 
 
 def parse_when(text: str, *, now: datetime, timezone: str) -> When:

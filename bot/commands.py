@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 
 from assistant.memory import MemoryRefused, MemoryStore, owner_of
 from assistant.reminders import Kind, Reminder, ReminderError, Reminders, Target
-from assistant.when import UnparsedTime, parse_when
+from assistant.when import TimeZoneOf, UnparsedTime, parse_when, users_time_zone
 from chat import ChatManager, Conversation
 from chat.sessions import Persona
 from settings import AssistantSettings
@@ -62,9 +62,11 @@ class Commands:
         reminders: Reminders,
         settings: AssistantSettings,
         *,
+        time_zone_of: TimeZoneOf | None = None,
         now: Callable[[], datetime] = lambda: datetime.now(ZoneInfo("UTC")),
     ) -> None:
         self._chat_manager = chat_manager
+        self._time_zone_of = time_zone_of
         self._memory = memory
         self._reminders = reminders
         self._settings = settings
@@ -179,8 +181,9 @@ class Commands:
 
     async def _add(self, kind: Kind, conversation: Conversation, phrase: str) -> str:
         try:
-            when = parse_when(phrase, now=self._now(), timezone=self._settings.time_zone)
-            reminder = await self._reminders.add(kind, _target(conversation), when)
+            zone = await users_time_zone(self._time_zone_of, conversation.user_id, self._settings.time_zone)
+            when = parse_when(phrase, now=self._now(), timezone=zone)
+            reminder = await self._reminders.add(kind, Target.of(conversation), when)
         except (UnparsedTime, ReminderError) as exc:
             return str(exc)
         if kind == "prompt":
@@ -206,17 +209,6 @@ class Commands:
 
 
 MEMORY_OFF = "Long-term memory is off on this bot (assistant.memory)."
-
-
-def _target(conversation: Conversation) -> Target:
-    assert conversation.user_id is not None, "reminders belong to a person"
-    return Target(
-        channel=conversation.channel,
-        chat_id=conversation.chat_id,
-        chat_type=conversation.chat_type,
-        thread=conversation.thread_id,
-        user_id=conversation.user_id,
-    )
 
 
 def _describe(reminder: Reminder) -> str:

@@ -24,7 +24,7 @@ from lark_oapi.api.cardkit.v1 import (
     SettingsCardRequest,
     SettingsCardRequestBody,
 )
-from lark_oapi.api.contact.v3 import GetUserRequest
+from lark_oapi.api.contact.v3 import GetUserRequest, User
 from lark_oapi.api.docx.v1 import RawContentDocumentRequest
 from lark_oapi.api.im.v1 import (
     CreateMessageReactionRequest,
@@ -138,11 +138,13 @@ class FeishuApi:
         response = await self._call("message get", lambda: self._client.im.v1.message.aget(request))
         return list(response.data.items)
 
-    async def user_name(self, open_id: str) -> str:
-        """A user's display name ("" if Feishu gives none); needs the contact:user.base:readonly scope."""
+    async def user(self, open_id: str) -> User:
+        """A user as the contact API has them (`name`, `time_zone`, either may be missing); needs
+        the contact:user.base:readonly scope."""
         request = GetUserRequest.builder().user_id(open_id).user_id_type("open_id").build()
         response = await self._call("user get", lambda: self._client.contact.v3.user.aget(request))
-        return response.data.user.name or ""
+        user: User = response.data.user
+        return user
 
     async def document_text(self, document_id: str) -> str:
         """A docx document's plain text; needs the docx:document:readonly scope, and the document

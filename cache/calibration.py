@@ -10,15 +10,16 @@ import numpy as np
 
 from cache.embeddings import Embedder
 from cache.keys import embedded_text
-from cache.verify import verify
+from cache.verify import Verifier
 
 
 @dataclass(frozen=True)
 class LabelledPair:
     same: bool
-    kind: str  # paraphrase | hard | easy
+    kind: str  # what makes the pair alike or different: synonym, slot_city, ... (tests/data/README.md)
     question_a: str
     question_b: str
+    split: str = "dev"  # dev (tune on it) or test (report on it); files without the column are dev data
 
 
 @dataclass(frozen=True)
@@ -37,19 +38,29 @@ class Point:
     predicted: int
 
 
-def load_pairs(path: str | Path) -> list[LabelledPair]:
-    """A TSV with a header: label (1 same, 0 different), kind, question_a, question_b."""
+def load_pairs(path: str | Path, split: str | None = None) -> list[LabelledPair]:
+    """A TSV with a header: label (1 same, 0 different), kind, [split,] question_a, question_b.
+    With `split`, the pairs of that split only; a file without the column is all dev."""
     with open(path, encoding="utf-8", newline="") as handle:
         rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-    pairs = [LabelledPair(row["label"] == "1", row["kind"], row["question_a"], row["question_b"]) for row in rows]
+    pairs = [
+        LabelledPair(row["label"] == "1", row["kind"], row["question_a"], row["question_b"], row.get("split") or "dev")
+        for row in rows
+    ]
     assert pairs and all(p.question_a and p.question_b for p in pairs), f"{path}: no pairs or an empty question"
-    return pairs
+    return [p for p in pairs if split is None or p.split == split]
 
 
-def score(pairs: list[LabelledPair], embedder: Embedder, min_overlap: float) -> Scores:
+def similarities(pairs: list[LabelledPair], embedder: Embedder) -> np.ndarray:
     vectors = embedder.encode([embedded_text(q) for p in pairs for q in (p.question_a, p.question_b)])
-    similarity = np.einsum("ij,ij->i", vectors[0::2], vectors[1::2])
-    verified = np.array([verify(p.question_a, p.question_b, min_overlap).same for p in pairs])
+    return np.einsum("ij,ij->i", vectors[0::2], vectors[1::2])
+
+
+def score(pairs: list[LabelledPair], embedder: Embedder, verifier: Verifier) -> Scores:
+    similarity = similarities(pairs, embedder)
+    verified = np.array(
+        [verifier.verdict(p.question_a, p.question_b, float(s)).same for p, s in zip(pairs, similarity, strict=True)]
+    )
     return Scores(similarity=similarity, verified=verified)
 
 

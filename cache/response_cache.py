@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,7 +24,7 @@ from cache.keys import Scope, embedded_text, l1_key, normalize
 from cache.levels import CacheLevel
 from cache.pii import contains_pii, scrub
 from cache.store import CacheStore
-from cache.verify import verify
+from cache.verify import Verifier, load_verifier
 from settings import CacheSettings
 from storage import Database
 
@@ -126,6 +126,7 @@ class ResponseCache:
         self.embedder = embedder
         self.judge = judge
         self.threshold = settings.thresholds[embedder.name]
+        self.verifier: Verifier | None = load_verifier(embedder.name) if settings.verify else None
         self._clock = clock
         self._policy = build_policy(settings)
         self._store = CacheStore(db, embedder.name)
@@ -187,6 +188,24 @@ class ResponseCache:
         await self._write(self._insert, scope, key, question, scrub(answer), cut_at, vector, self._clock())
         return True
 
+    async def paraphrase(self, scope: Scope, question: str, others: Sequence[str]) -> str | None:
+        """The first of `others`, questions being answered now in `scope`, that `question` asks
+        again in other words by the L2 gate (threshold, verifier, judge): a request may share its
+        generation. The vectors the lookups left are used; a question without one is embedded."""
+        others = [other for other in others if not contains_pii(other)]  # its answer may hold the PII
+        if not self.settings.enabled or contains_pii(question) or not others:
+            return None
+        questions = [question, *others]
+        embedded = await asyncio.gather(*(self._vector(q, l1_key(scope, q)) for q in questions))
+        vectors = [vector for vector in embedded if vector is not None]
+        if len(vectors) < len(questions):
+            return None  # the embedder is over its budget: no time to compare either
+        for other, vector in zip(others, vectors[1:], strict=True):
+            similarity = float(vectors[0] @ vector)
+            if similarity >= self.threshold and await self._asks_the_same(question, other, similarity):
+                return other
+        return None
+
     async def close(self) -> None:
         """Saves the hits not saved yet (at shutdown)."""
         if self._hit_saver is not None:
@@ -202,16 +221,30 @@ class ResponseCache:
             self._counts["over_budget"] += 1
             return None
 
+    async def _vector(self, question: str, key: str) -> np.ndarray | None:
+        vector = self._pending.get(key)
+        if vector is None:
+            vector = await self._embedding_in_budget(question)
+            if vector is not None:
+                self._remember(key, vector)
+        return vector
+
     async def _same_question(self, question: str, candidates: list[tuple[CacheHit, str]]) -> CacheHit | None:
-        """The first candidate that asks what `question` asks: it passes verification, then the judge."""
+        """The first candidate that asks what `question` asks."""
         for candidate, cached in candidates:
-            if self.settings.verify and not verify(question, cached, self.settings.min_overlap).same:
-                self._counts["rejected_verify"] += 1
-            elif self.judge is not None and not await self.judge(question, cached):
-                self._counts["rejected_judge"] += 1
-            else:
+            if await self._asks_the_same(question, cached, candidate.similarity):
                 return candidate
         return None
+
+    async def _asks_the_same(self, question: str, other: str, similarity: float) -> bool:
+        """Past the threshold: the verifier, then the judge, each counted when it says no."""
+        if self.verifier is not None and not self.verifier.verdict(question, other, similarity).same:
+            self._counts["rejected_verify"] += 1
+            return False
+        if self.judge is not None and not await self.judge(question, other):
+            self._counts["rejected_judge"] += 1
+            return False
+        return True
 
     def _remember(self, key: str, vector: np.ndarray) -> None:
         self._pending[key] = vector

@@ -22,7 +22,7 @@ from cache.levels import CacheLevel
 from cache.response_cache import CacheHit, ResponseCache
 from chat.compression import Compression, Compressor
 from chat.figures import ChatFigures, TurnCounter
-from chat.merging import RequestMerger
+from chat.merging import MergedStream, RequestMerger
 from chat.reply import Reply
 from chat.sessions import API_CHANNEL, Conversation, SessionState, SessionStore
 from chat.tool_calls import ToolUse
@@ -70,8 +70,14 @@ class ChatManager:
         self.compressor = compressor
         self.merger = merger
         self.model_name = engine.model_name
-        self.sampling = SamplingParams(**generation.model_dump(exclude={"merge_requests", "max_reply_tokens"}))
+        self.sampling = SamplingParams(
+            **generation.model_dump(
+                exclude={"merge_requests", "merge_paraphrases", "merge_window_ms", "max_reply_tokens"}
+            )
+        )
         self.merge_requests = generation.merge_requests
+        self.merge_paraphrases = generation.merge_paraphrases
+        self.merge_window_s = generation.merge_window_ms / 1000
         self.max_message_chars = max_message_chars
         self.max_prompt_tokens = context.max_prompt_tokens
         self._think_end = chat_format.think_end if context.enable_thinking else None
@@ -207,7 +213,7 @@ class ChatManager:
             compression = await self._compress(session, request.text, pending)
             history = compression.history if compression is not None else history
         prompt_ids = history.prompt(request.user_ids, self.chat_format.generation_prompt, request.prefill_ids)
-        deltas, merged = self._generate(scope, request, prompt_ids)
+        deltas, merged = await self._generate(scope, request, prompt_ids)
         level = turn.cache_level = CacheLevel.MERGED if merged else CacheLevel.MISS
         # The prefill is the reply's start; the caller gets it with the model's first text, once
         # the engine has taken the prompt (a refused prompt is then an error before any text).
@@ -231,15 +237,23 @@ class ChatManager:
         reply.text, reply.generated_ids = answer, ids
         reply.first_text_at = time.perf_counter()
 
-    def _generate(
+    async def _generate(
         self, scope: Scope, request: _Request, prompt_ids: list[int]
     ) -> tuple[AsyncIterator[StreamDelta], bool]:
-        """Engine deltas for this prompt, shared with an identical request already running if any."""
+        """Engine deltas for this prompt, shared with a request already running that asks the same
+        (the identical question, or a first question it paraphrases) if any."""
         params = request.params
         if request.private or not (request.merge and self.merge_requests):
             return self.engine.stream(prompt_ids, params), False
-        key = f"{l1_key(scope, request.text)}:{params!r}"
-        stream = self.merger.run(key, lambda: self.engine.stream(prompt_ids, params))
+        key, group = f"{l1_key(scope, request.text)}:{params!r}", f"{scope.key}:{params!r}"
+        stream = None
+        # Like an L2 hit, only where no conversation comes before the question.
+        if self.merge_paraphrases and scope.shared and key not in self.merger:
+            stream = await self._paraphrase_flight(scope, request.text, group)
+        if stream is None:
+            stream = self.merger.run(
+                key, lambda: self.engine.stream(prompt_ids, params), group=group, label=request.text
+            )
 
         async def deltas() -> AsyncIterator[StreamDelta]:
             async with stream:
@@ -247,6 +261,15 @@ class ChatManager:
                     yield delta
 
         return deltas(), not stream.leader
+
+    async def _paraphrase_flight(self, scope: Scope, question: str, group: str) -> MergedStream[StreamDelta] | None:
+        """The recent flight of `group` whose question `question` paraphrases, joined; None if none."""
+        recent = self.merger.running(group, time.monotonic() - self.merge_window_s)
+        flights = {label: key for key, label in recent}
+        if not flights:
+            return None
+        same = await self.cache.paraphrase(scope, question, list(flights))
+        return None if same is None else self.merger.join(flights[same])
 
     # --- compression ----------------------------------------------------------------------------
 

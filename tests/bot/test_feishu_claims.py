@@ -5,9 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from sqlalchemy import text
 
 from storage import Database, EventRepository, ProcessedEvent, utcnow
+
+pytestmark = pytest.mark.both_databases  # every test here runs on SQLite and on PostgreSQL
+
 
 TTL = timedelta(days=2)
 PREFIX = "feishu:message:"

@@ -17,6 +17,9 @@ from storage import CacheRepository, Database
 from tests.cache.test_embedders import Counting
 from tests.support import Clock
 
+pytestmark = pytest.mark.both_databases  # every test here runs on SQLite and on PostgreSQL
+
+
 SHARED = scope_key("qwen3-0.6b", "You are a helpful assistant.")
 # A generous lookup budget: these tests are about what a lookup finds, not how long it may take.
 SETTINGS = CacheSettings(capacity=100, ttl_s=3600, evict_fraction=0.01, lookup_budget_ms=60_000)

@@ -20,6 +20,9 @@ from engine import SamplingParams, StreamDelta
 from storage import Database, Message, MessageRepository, SessionRepository
 from tests.chat.chat_support import GREEDY, ManagerFactory, ask, session_of, small_context
 
+pytestmark = pytest.mark.both_databases  # every test here runs on SQLite and on PostgreSQL
+
+
 ALICE = Conversation(channel="web", chat_id="alice")
 BOB = Conversation(channel="web", chat_id="bob")
 
@@ -93,18 +96,29 @@ async def test_bad_input_is_refused_and_nothing_is_stored(managers: ManagerFacto
         assert SessionRepository(session).count() == 0
 
 
+# A trigger that fails the insert of a reply, as a full disk would, in each backend's dialect.
+FAILING_REPLY_INSERT = {
+    "sqlite": [
+        "CREATE TRIGGER fail_reply BEFORE INSERT ON messages WHEN NEW.role = 'assistant' "
+        "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
+    ],
+    "postgresql": [
+        "CREATE OR REPLACE FUNCTION fail_reply() RETURNS trigger LANGUAGE plpgsql "
+        "AS $$ BEGIN RAISE EXCEPTION 'disk full'; END $$",
+        "CREATE TRIGGER fail_reply BEFORE INSERT ON messages FOR EACH ROW WHEN (NEW.role = 'assistant') "
+        "EXECUTE FUNCTION fail_reply()",
+    ],
+}
+
+
 async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers: ManagerFactory, db: Database) -> None:
     manager = await managers()
     await ask(manager, ALICE, "first question")
     state = session_of(manager, ALICE)
     before = state.history.token_ids
     with db.sql_engine.begin() as connection:  # the user message is written, then the reply's insert fails
-        connection.execute(
-            sql(
-                "CREATE TRIGGER fail_reply BEFORE INSERT ON messages WHEN NEW.role = 'assistant' "
-                "BEGIN SELECT RAISE(ABORT, 'disk full'); END"
-            )
-        )
+        for statement in FAILING_REPLY_INSERT[db.url.get_backend_name()]:
+            connection.execute(sql(statement))
     with pytest.raises(Exception, match="disk full"):
         await ask(manager, ALICE, "second question")
 
@@ -114,7 +128,9 @@ async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers:
     assert state.history.token_ids == before
 
     with db.sql_engine.begin() as connection:
-        connection.execute(sql("DROP TRIGGER fail_reply"))
+        connection.execute(
+            sql("DROP TRIGGER fail_reply" + (" ON messages" if db.url.get_backend_name() == "postgresql" else ""))
+        )
     result = await ask(manager, ALICE, "second question")
     assert result.session_id == state.id
     assert state.next_turn == 2

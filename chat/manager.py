@@ -320,8 +320,8 @@ class ChatManager:
                 compression = await self._compress(session, question, len(self.chat_format.generation_prompt))
                 if compression is None:
                     return
-                async with session.lock:
-                    if session.closed:
+                async with self.sessions.holding(session) as current:
+                    if not current:
                         return
                     if session.history is history and history.num_tokens == num_tokens:
                         await self.sessions.save_compression(session, compression)
@@ -337,8 +337,8 @@ class ChatManager:
         then put in place of their stand-ins for the turns to come."""
         try:
             summaries = await self.compressor.write_summaries(compression.pending)
-            async with session.lock:
-                if session.closed:
+            async with self.sessions.holding(session) as current:
+                if not current:
                     return
                 rewritten = self.compressor.with_summaries(
                     session.history, compression.pending, summaries, session.next_seq

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import cast
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from cache.pii import scrub
@@ -34,6 +35,10 @@ API_CHANNEL = "api"
 # Sessions kept in memory; the least recently used idle ones are reloaded from the database when
 # needed. A session with a full 6k-token context takes about 250 KB (a Python int a token).
 MAX_SESSIONS_IN_MEMORY = 1000
+# The namespace of the sessions' locks among replicas (`ProcessLocks`), and how often a turn
+# checks whether another replica's turn of the same session has ended.
+SESSION_LOCKS = 1
+LOCK_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,9 @@ class Conversation:
 
 @dataclass
 class SessionState:
-    """A session in memory. Everything but `lock`, `closed` and `holders` changes only under `lock`.
-    `closed`: this is no longer the session's live copy (a reset, the idle job, evicted from memory)."""
+    """A session in memory. Everything but `lock`, `closed` and `holders` changes only under `lock`
+    (`SessionStore.holding`). `closed`: this is no longer the session's live copy (a reset, the
+    idle job, evicted from memory, or another replica moved the stored session on)."""
 
     id: int
     key: str
@@ -166,8 +172,8 @@ class SessionStore:
             state = await self.open(conversation, seed)
             state.holders += 1
             try:
-                async with state.lock:
-                    if state.closed:
+                async with self.holding(state) as current:
+                    if not current:
                         continue
                     if seed is not None and state.transcript_digest() != seed.digest():
                         # A request with the same transcript continued the session first: this one
@@ -180,6 +186,32 @@ class SessionStore:
                     return
             finally:
                 state.holders -= 1
+
+    @asynccontextmanager
+    async def holding(self, state: SessionState) -> AsyncIterator[bool]:
+        """`state`'s lock, and its turn among the replicas on the database (`ProcessLocks`: on
+        PostgreSQL, an advisory lock); yields whether `state` is still the session's live and exact copy. A copy
+        that another replica moved past (a turn, a compression, a reset, the idle job) is dropped
+        from memory, and its next user loads the stored session."""
+        async with state.lock:
+            if state.closed:
+                yield False
+                return
+            # Another replica is in this session's turn: no event of this process can say it ended.
+            while not await asyncio.to_thread(self.db.locks.try_take, SESSION_LOCKS, state.id):  # noqa: ASYNC110
+                await asyncio.sleep(LOCK_POLL_S)
+            try:
+                behind = await asyncio.to_thread(self._behind_the_database, state)
+                if behind:
+                    self._drop(state)
+                yield not behind
+            finally:
+                await asyncio.to_thread(self.db.locks.release, SESSION_LOCKS, state.id)
+
+    def _drop(self, state: SessionState) -> None:
+        state.closed = True
+        if self._sessions.get(state.key) is state:
+            del self._sessions[state.key]
 
     async def _continued(self, digest: str) -> Conversation | None:
         """The conversation this transcript continues, if it is not busy. Several clients may hold
@@ -322,6 +354,14 @@ class SessionStore:
     # --- the database (worker threads) -----------------------------------------------------------
 
     def _load_or_create(self, key: str, conversation: Conversation, seed: Transcript | None) -> SessionState:
+        try:
+            return self._load_or_create_once(key, conversation, seed)
+        except IntegrityError:
+            # Another replica created the chat or its active session at the same moment (the
+            # unique keys let one win): it is there to load now.
+            return self._load_or_create_once(key, conversation, seed)
+
+    def _load_or_create_once(self, key: str, conversation: Conversation, seed: Transcript | None) -> SessionState:
         with self.db.session() as session:
             chat = ChatRepository(session).get_or_create(
                 conversation.chat_id, channel=conversation.channel, chat_type=conversation.chat_type
@@ -364,6 +404,20 @@ class SessionStore:
                 compressions=row.compressions,
                 transcript=[(m.role, m.text) for m in messages if m.role in ("user", "assistant")],
                 by_transcript=conversation.channel == API_CHANNEL,
+            )
+
+    def _behind_the_database(self, state: SessionState) -> bool:
+        """Whether the stored session moved on without this copy: closed (a reset, the idle job),
+        or messages this copy does not hold (another replica's turn or compression). One indexed
+        query a turn; every write of a session goes through its copy under the lock, so a copy
+        that is not behind is exact."""
+        with self.db.session() as session:
+            row = SessionRepository(session).get(state.id)
+            if row is None or row.state != "active":
+                return True
+            return (
+                MessageRepository(session).next_seq(state.id) != state.next_seq
+                or row.compressions != state.compressions
             )
 
     def _write_seed(self, messages: MessageRepository, session_id: int, seed: Transcript) -> None:

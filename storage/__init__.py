@@ -1,4 +1,4 @@
-from storage.db import Database
+from storage.db import Database, ProcessLocks
 from storage.models import Base, CacheEntry, Chat, ChatSession, FollowedThread, Memory, Message, ProcessedEvent, utcnow
 from storage.repositories import (
     CacheRepository,
@@ -22,6 +22,7 @@ __all__ = [
     "Memory",
     "Message",
     "MessageRepository",
+    "ProcessLocks",
     "ProcessedEvent",
     "SessionRepository",
     "ThreadRepository",

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
-from sqlalchemy import Engine, create_engine, event, make_url, text
+from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
@@ -28,6 +29,7 @@ class Database:
         if self.url.get_backend_name() == "sqlite":
             _install_sqlite_pragmas(self.sql_engine, busy_timeout_ms)
         self._sessionmaker = sessionmaker(self.sql_engine, expire_on_commit=False)
+        self.locks = ProcessLocks(self.sql_engine)
 
     def alembic_config(self) -> AlembicConfig:
         config = AlembicConfig()
@@ -64,7 +66,47 @@ class Database:
             return False
 
     def close(self) -> None:
+        self.locks.close()
         self.sql_engine.dispose()
+
+
+class ProcessLocks:
+    """Locks every process on the database shares: PostgreSQL advisory locks, all held on one
+    connection of their own, so a thousand sessions mid-turn cost one connection, not a thousand
+    from the pool. Taking one never waits (`try_take`): two replicas in one session's turn at the
+    same moment is rare, and the caller polls. On SQLite every lock is free: replicas that share
+    state run on a server database, and one process keeps its own locks. Any thread."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._shared = engine.dialect.name == "postgresql"
+        self._connection: Connection | None = None
+        self._mutex = threading.Lock()
+
+    def try_take(self, namespace: int, key: int) -> bool:
+        return not self._shared or bool(self._run("SELECT pg_try_advisory_lock(:namespace, :key)", namespace, key))
+
+    def release(self, namespace: int, key: int) -> None:
+        if self._shared:
+            self._run("SELECT pg_advisory_unlock(:namespace, :key)", namespace, key)
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+    def _run(self, statement: str, namespace: int, key: int) -> object:
+        with self._mutex:
+            if self._connection is None:
+                self._connection = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            try:
+                return self._connection.execute(text(statement), {"namespace": namespace, "key": key}).scalar()
+            except BaseException:
+                # A broken connection's server session is gone, and every lock it held with it.
+                self._connection.invalidate()
+                self._connection = None
+                raise
 
 
 def _install_sqlite_pragmas(engine: Engine, busy_timeout_ms: int) -> None:

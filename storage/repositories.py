@@ -101,6 +101,11 @@ class MessageRepository:
         self.session.flush()
         return message
 
+    def next_seq(self, session_id: int) -> int:
+        """The seq the session's next message takes: one past its last."""
+        last = self.session.scalar(select(func.max(Message.seq)).where(Message.session_id == session_id))
+        return 0 if last is None else last + 1
+
     def of_session(self, session_id: int) -> Sequence[Message]:
         return self.session.scalars(select(Message).where(Message.session_id == session_id).order_by(Message.seq)).all()
 

@@ -110,6 +110,15 @@ def build_app(settings: Settings) -> FastAPI:
         max_instances=1,
         coalesce=True,
     )
+    if chat_manager.cache.settings.enabled:
+        scheduler.add_job(
+            chat_manager.cache.sync,
+            "interval",
+            seconds=settings.cache.sync_interval_s,
+            id="cache-sync",
+            max_instances=1,
+            coalesce=True,
+        )
     scheduler.add_job(
         monitor.sample,
         "interval",

@@ -141,6 +141,8 @@ class ResponseCache:
         self._unsaved_hits: list[tuple[int, float]] = []
         self._hit_saver: asyncio.Task[None] | None = None
         self._counts: Counter[str] = Counter()
+        # The highest stored id this replica has read (`load`, `sync`): rows past it are new.
+        self._synced_through = 0
         self._latencies: deque[float] = deque(maxlen=settings.latency_window)
 
     # --- serving ------------------------------------------------------------------------------
@@ -373,6 +375,37 @@ class ResponseCache:
 
     def _load(self, now: float) -> _Written:
         rows = self._store.load(now, self.settings.ttl_s)
+        evicted: list[int] = []
+        with self._lock:
+            self._table.clear()
+            self._add_rows(rows)
+            while len(self._table) > self.settings.capacity:
+                evicted += self._make_room(now)[0]
+            size = len(self._table)
+        self._store.delete(evicted)
+        self._synced_through = max((entry.id for entry, _ in rows), default=0)
+        return _Written(size, count=size, evicted=len(evicted))
+
+    async def sync(self) -> int:
+        """Follow what other replicas on the database stored and deleted (each `sync_interval_s`,
+        from the app's scheduler); returns how many entries came and went."""
+        return await self._write(self._sync, self._clock())
+
+    def _sync(self, now: float) -> _Written:
+        stored, added = self._store.changes(self._synced_through, now, self.settings.ttl_s)
+        seen_through = max(stored, default=self._synced_through)
+        with self._lock:
+            # An entry this replica stored after the query is not gone: only ids it could see count.
+            gone = [entry.id for entry in self._table if entry.id <= seen_through and entry.id not in stored]
+            self._table.remove(gone)
+            new = [(entry, vector) for entry, vector in added if self._table.get(entry.id) is None]
+            self._add_rows(new)
+            size = len(self._table)
+        self._synced_through = max(self._synced_through, seen_through)
+        return _Written(size, count=len(gone) + len(new))
+
+    def _add_rows(self, rows: list[tuple[Entry, np.ndarray | None]]) -> None:
+        """Stored entries into the table, each scope's vectors in one batch. Under `_lock`."""
         embedded: dict[str, list[tuple[Entry, np.ndarray]]] = {}
         by_key_only: dict[str, list[Entry]] = {}
         for entry, vector in rows:
@@ -380,18 +413,10 @@ class ResponseCache:
                 by_key_only.setdefault(entry.scope, []).append(entry)
             else:
                 embedded.setdefault(entry.scope, []).append((entry, vector))
-        evicted: list[int] = []
-        with self._lock:
-            self._table.clear()
-            for pairs in embedded.values():
-                self._table.add([entry for entry, _ in pairs], np.stack([vector for _, vector in pairs]))
-            for entries in by_key_only.values():
-                self._table.add(entries, None)
-            while len(self._table) > self.settings.capacity:
-                evicted += self._make_room(now)[0]
-            size = len(self._table)
-        self._store.delete(evicted)
-        return _Written(size, count=size, evicted=len(evicted))
+        for pairs in embedded.values():
+            self._table.add([entry for entry, _ in pairs], np.stack([vector for _, vector in pairs]))
+        for entries in by_key_only.values():
+            self._table.add(entries, None)
 
     async def delete(self, entry_id: int) -> bool:
         return bool(await self._write(self._delete, entry_id))

@@ -79,9 +79,26 @@ class CacheStore:
         with self.db.session() as session:
             repository = CacheRepository(session)
             rows = repository.all()
-            live = [r for r in rows if r.embedder == self.embedder_name and now - r.created_at.timestamp() < ttl_s]
+            live = [r for r in rows if r.embedder == self.embedder_name and _live(r, now, ttl_s)]
             repository.delete(sorted({r.id for r in rows} - {r.id for r in live}))
             return [(_entry_of(row), _vector_of(row)) for row in live]
+
+    def changes(
+        self, after_id: int, now: float, ttl_s: float
+    ) -> tuple[set[int], list[tuple[Entry, np.ndarray | None]]]:
+        """What other replicas did: the ids of every row this embedder's entries are (the ones
+        gone from it were deleted), and the live rows added after `after_id`, oldest first."""
+        if self.db is None:
+            return set(), []
+        with self.db.session() as session:
+            repository = CacheRepository(session)
+            ids = set(repository.ids(self.embedder_name))
+            added = [row for row in repository.after(after_id, self.embedder_name) if _live(row, now, ttl_s)]
+            return ids, [(_entry_of(row), _vector_of(row)) for row in added]
+
+
+def _live(row: CacheEntry, now: float, ttl_s: float) -> bool:
+    return now - row.created_at.timestamp() < ttl_s
 
 
 def _vector_of(row: CacheEntry) -> np.ndarray | None:

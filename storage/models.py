@@ -168,6 +168,9 @@ class CacheEntry(Base):
     """A cached answer: the question it answers within its scope, and that question's embedding."""
 
     __tablename__ = "cache_entries"
+    # Ids are never reused (SQLite reuses the largest one after a delete without this): replicas
+    # follow the table by the highest id they have read (ResponseCache.sync).
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     scope: Mapped[str] = mapped_column(String(64), index=True)

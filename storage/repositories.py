@@ -190,6 +190,14 @@ class CacheRepository:
     def all(self) -> Sequence[CacheEntry]:
         return self.session.scalars(select(CacheEntry).order_by(CacheEntry.id)).all()
 
+    def ids(self, embedder: str) -> Sequence[int]:
+        return self.session.scalars(select(CacheEntry.id).where(CacheEntry.embedder == embedder)).all()
+
+    def after(self, entry_id: int, embedder: str) -> Sequence[CacheEntry]:
+        """The rows added after `entry_id` (ids only grow), oldest first."""
+        query = select(CacheEntry).where(CacheEntry.id > entry_id, CacheEntry.embedder == embedder)
+        return self.session.scalars(query.order_by(CacheEntry.id)).all()
+
     def record_hit(self, entry_id: int, when: datetime) -> None:
         self.session.execute(
             update(CacheEntry).where(CacheEntry.id == entry_id).values(hits=CacheEntry.hits + 1, last_hit_at=when)

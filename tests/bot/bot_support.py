@@ -66,13 +66,22 @@ class AppServer:
             database.close()
 
 
-def app_settings(workdir: Path, fake: FakeFeishu, **feishu: Any) -> Settings:
+def app_settings(
+    workdir: Path,
+    fake: FakeFeishu,
+    *,
+    database_url: str | None = None,
+    cache: dict[str, Any] | None = None,
+    **feishu: Any,
+) -> Settings:
     """Settings for an app on the fake, with the built-in demo model; a fresh app_id each time,
-    since lark-oapi caches tenant tokens per app_id for the whole process."""
+    since lark-oapi caches tenant tokens per app_id for the whole process. The database is a
+    SQLite file in `workdir` unless `database_url` names one."""
     return Settings.model_validate(
         {
             "server": {"host": "127.0.0.1", "port": free_port()},
-            "storage": {"url": f"sqlite:///{workdir / 'bot.db'}"},
+            "storage": {"url": database_url or f"sqlite:///{workdir / 'bot.db'}"},
+            "cache": cache or {},
             "engine": {
                 "model": "builtin:tiny-qwen3",
                 "device": "cpu",

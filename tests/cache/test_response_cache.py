@@ -337,3 +337,43 @@ async def test_a_long_question_is_compared_by_its_opening_and_verified_whole(emb
     # same opening, another tail: the embeddings are equal, verification reads the whole text
     other = log.replace("pay-gateway", "order-svc").replace("3000", "9000")
     assert await cache.lookup(SHARED, f"What went wrong here?\n{other}") is None
+
+
+async def test_replicas_follow_what_the_others_store_replace_and_delete(
+    embedder: Embedder, clock: Clock, db: Database
+) -> None:
+    first, second = make_cache(embedder, clock, db), make_cache(embedder, clock, db)
+    await first.load()
+    await second.load()
+    await first.store(SHARED, "如何重置密码", "在设置页点「忘记密码」。")
+    await first.store(SHARED, "How do I book a meeting room?", "In the calendar, pick Rooms.")
+    assert await second.lookup(SHARED, "如何重置密码") is None  # not followed yet
+
+    assert await second.sync() == 2
+    exact = await second.lookup(SHARED, "如何重置密码")
+    semantic = await second.lookup(SHARED, "密码怎么重置？")
+    assert exact is not None and exact.level is CacheLevel.EXACT
+    assert semantic is not None and semantic.level is CacheLevel.SEMANTIC and semantic.answer == exact.answer
+
+    await first.store(SHARED, "如何重置密码", "Use the self-service portal.")  # the same key, replaced
+    [room] = await first.entries("book a meeting room")
+    assert await first.delete(room.id)
+    await second.store(SHARED, "Where is the canteen?", "On the ground floor.")  # stored meanwhile: kept
+    assert await second.sync() == 3  # the replaced entry out and its successor in, the deleted one out
+    replaced = await second.lookup(SHARED, "如何重置密码")
+    assert replaced is not None and replaced.answer == "Use the self-service portal."
+    assert await second.lookup(SHARED, "How do I book a meeting room?") is None
+    assert await second.lookup(SHARED, "Where is the canteen?") is not None
+    assert await second.sync() == 0
+    assert await first.sync() == 1  # the canteen
+
+
+async def test_an_entrys_id_is_never_reused(embedder: Embedder, clock: Clock, db: Database) -> None:
+    """Replicas follow the table by the highest id they have read: a new row always goes past it."""
+    cache = make_cache(embedder, clock, db)
+    await cache.store(SHARED, "first question", "first answer")
+    [entry] = await cache.entries()
+    assert await cache.delete(entry.id)
+    await cache.store(SHARED, "second question", "second answer")
+    [successor] = await cache.entries()
+    assert successor.id > entry.id

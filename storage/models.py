@@ -170,7 +170,7 @@ class CacheEntry(Base):
     __tablename__ = "cache_entries"
     # Ids are never reused (SQLite reuses the largest one after a delete without this): replicas
     # follow the table by the highest id they have read (ResponseCache.sync).
-    __table_args__ = {"sqlite_autoincrement": True}
+    __table_args__ = ({"sqlite_autoincrement": True},)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     scope: Mapped[str] = mapped_column(String(64), index=True)

@@ -18,6 +18,8 @@ from sqlalchemy.pool import ConnectionPoolEntry
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+# The advisory-lock namespace of migrations (each lock user has its own: `ProcessLocks`' callers).
+MIGRATION_LOCKS = 0
 
 
 class Database:
@@ -39,6 +41,10 @@ class Database:
 
     def upgrade(self, revision: str = "head") -> None:
         with self.sql_engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                # Replicas starting together migrate one after the other: the later ones find
+                # the schema at head. Released when this transaction ends.
+                connection.execute(text("SELECT pg_advisory_xact_lock(:namespace, 0)"), {"namespace": MIGRATION_LOCKS})
             config = self.alembic_config()
             config.attributes["connection"] = connection
             command.upgrade(config, revision)

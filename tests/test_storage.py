@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,6 +30,17 @@ pytestmark = pytest.mark.both_databases  # every test here runs on SQLite and on
 def test_upgrade_empty_database_to_head_and_back(backend: str, tmp_path: Path) -> None:
     with database_url(backend, tmp_path) as url:
         upgrade_and_back(Database(url))
+
+
+def test_replicas_starting_together_migrate_one_after_the_other(tmp_path: Path) -> None:
+    """On PostgreSQL; a SQLite file is one process's."""
+    with database_url("postgresql", tmp_path) as url:
+        replicas = [Database(url) for _ in range(3)]
+        with ThreadPoolExecutor(len(replicas)) as pool:
+            list(pool.map(Database.upgrade, replicas))  # each raises if it ran into another's tables
+        assert set(inspect(replicas[0].sql_engine).get_table_names()) >= TABLES
+        for replica in replicas:
+            replica.close()
 
 
 def upgrade_and_back(database: Database) -> None:

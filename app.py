@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,6 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    try:
+        listening = bind(settings.server.host, settings.server.port)
+    except OSError as exc:
+        print(
+            f"server.port: cannot listen on {settings.server.host}:{settings.server.port}: {exc.strerror}",
+            file=sys.stderr,
+        )
+        return 2
     configure_process()
     configure_logging(settings.logging)
     failed = False
@@ -68,8 +77,22 @@ def main(argv: list[str] | None = None) -> int:
     # installed before it ran; a finished shutdown is a clean exit, so those handlers do nothing.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    server.run(sockets=[listening])
     return 1 if failed else 0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before anything loads: a port another process holds is a
+    one-line error at once, not after the model's half minute of loading."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds its own
+    try:
+        listening.bind((host, port))
+    except OSError:
+        listening.close()
+        raise
+    return listening
 
 
 def build(settings: Settings) -> FastAPI:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -81,6 +82,21 @@ def test_a_model_that_cannot_load_stops_the_app_with_an_error(tmp_path: Path) ->
     with pytest.raises(RuntimeError, match="app exited with 1"):
         app.start()
     assert "start-up failed" in app.log() and "no-such-model" in app.log()
+
+
+def test_a_port_in_use_is_reported_at_once_before_anything_loads(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        app = AppProcess(tmp_path, port)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="app exited with 2"):
+            app.start()
+        seconds = time.monotonic() - started
+    assert seconds < 5  # not after the model's loading (~16 s on 2 cores)
+    assert f"server.port: cannot listen on 127.0.0.1:{port}: Address already in use" in app.log()
+    assert not (tmp_path / "bot.db").exists()  # nothing was built
 
 
 def test_restart_keeps_rows(tmp_path: Path) -> None:

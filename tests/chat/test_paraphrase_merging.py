@@ -22,11 +22,10 @@ async def asked_while_answering(
     """Asks `first`, and `second` once the first's reply has begun; both results."""
     turn = manager.turn(*first)
     async with aclosing(aiter(turn)) as texts:
-        await anext(texts)
+        pieces = [await anext(texts)]
         later = asyncio.create_task(ask(manager, *second))
-        async for _ in texts:
-            pass
-    assert turn.result is not None
+        pieces += [piece async for piece in texts]
+    assert turn.result is not None and "".join(pieces) == turn.result.reply
     return turn.result, await later
 
 

@@ -20,7 +20,7 @@ import uvicorn
 from logging_setup import configure_logging
 from settings import ConfigError, Settings, load_settings
 from web.http_protocol import ReadTimeoutH11Protocol
-from web.starting import StartingApp
+from web.starting import StartingApp, StartupError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -96,9 +96,13 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def build(settings: Settings) -> FastAPI:
+    from engine.remote import RemoteEngineError
     from wiring import build_app  # loads torch and faiss: only after configure_process()
 
-    return build_app(settings)
+    try:
+        return build_app(settings)
+    except RemoteEngineError as exc:
+        raise StartupError(str(exc)) from None
 
 
 if __name__ == "__main__":

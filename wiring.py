@@ -27,11 +27,13 @@ from chat import ChatManager, SessionStore
 from chat.compression import Compressor
 from chat.merging import RequestMerger
 from chat.summarizer import Summarizer
-from engine import EngineConfig, LLMEngine, StreamDelta
+from engine import LLMEngine, StreamDelta
+from engine.interface import Engine
+from engine.remote import RemoteEngine
 from settings import Settings
 from storage import Database
 from storage.maintenance import run_maintenance
-from web import admin, chat_page, health, metrics, openai_api
+from web import admin, chat_page, completions_api, health, metrics, openai_api
 from web.admission import Admission
 from web.limits import BodySizeLimit, LoginThrottle, RateLimiter
 from web.monitor import Monitor
@@ -46,7 +48,13 @@ log = logging.getLogger("clawdbot")
 ENGINE_STOP_TIMEOUT_S = 2.0
 
 
-def build_chat_manager(settings: Settings, engine: LLMEngine, db: Database) -> ChatManager:
+def build_engine(settings: Settings) -> Engine:
+    if settings.engine.backend == "remote":
+        return RemoteEngine(settings.engine.remote())
+    return LLMEngine(settings.engine.local())
+
+
+def build_chat_manager(settings: Settings, engine: Engine, db: Database) -> ChatManager:
     chat_format = engine.chat_format(enable_thinking=settings.context.enable_thinking)
     # The judge and the summarizer want the answer itself, never a think block first.
     direct_format = engine.chat_format()
@@ -74,7 +82,7 @@ def build_app(settings: Settings) -> FastAPI:
         settings.storage.url, busy_timeout_ms=settings.storage.busy_timeout_ms, echo=settings.storage.echo_sql
     )
     db.upgrade()
-    engine = LLMEngine(EngineConfig(**settings.engine.model_dump()))
+    engine = build_engine(settings)
     chat_manager = build_chat_manager(settings, engine, db)
     scheduler = AsyncIOScheduler(timezone="UTC")
     assistant = settings.assistant
@@ -143,7 +151,7 @@ def build_app(settings: Settings) -> FastAPI:
             reminders.stop()
             scheduler.shutdown(wait=False)
             await chat_manager.close()
-            if not engine.shutdown(ENGINE_STOP_TIMEOUT_S):
+            if not await engine.close(ENGINE_STOP_TIMEOUT_S):
                 log.warning("the engine is still in a step after %.0f s: exiting without it", ENGINE_STOP_TIMEOUT_S)
             db.close()
             log.info("stopped cleanly")
@@ -177,6 +185,7 @@ def build_app(settings: Settings) -> FastAPI:
     app.include_router(health.router)
     app.include_router(bot.router)
     app.include_router(openai_api.router)
+    app.include_router(completions_api.router)
     app.include_router(chat_page.router)
     app.include_router(admin.pages_router)
     app.include_router(admin.api_router)

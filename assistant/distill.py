@@ -18,7 +18,7 @@ from sqlalchemy import select, update
 
 from assistant.memory import MemoryRefused, MemoryStore, owner_of
 from chat import Conversation
-from engine import ChatFormat, LLMEngine, SamplingParams
+from engine import ChatFormat, Engine, SamplingParams
 from settings import AssistantSettings
 from storage import Chat, ChatSession, Database, MessageRepository, utcnow
 
@@ -54,16 +54,17 @@ class ClosedSession:
 
 class Distiller:
     def __init__(
-        self, engine: LLMEngine, chat_format: ChatFormat, memory: MemoryStore, db: Database, settings: AssistantSettings
+        self, engine: Engine, chat_format: ChatFormat, memory: MemoryStore, db: Database, settings: AssistantSettings
     ) -> None:
         self.engine = engine
         self.chat_format = chat_format
         self.memory = memory
         self.db = db
         self.max_facts = settings.distill_max_facts
-        # The demo model's random text is no fact.
-        wanted = settings.distill_on_close
-        able = not engine.is_demo_model and (wanted is True or engine.num_parameters >= DISTILL_MIN_PARAMETERS)
+        # The demo model's random text is no fact. A model server's size is not known here: a
+        # server is run for a real model.
+        wanted, size = settings.distill_on_close, engine.num_parameters
+        able = not engine.is_demo_model and (wanted is True or size is None or size >= DISTILL_MIN_PARAMETERS)
         self.enabled = settings.memory and wanted is not False and able
 
     async def run(self) -> int:

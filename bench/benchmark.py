@@ -4,6 +4,7 @@
     python bench/benchmark.py --optimized          # one side (without a flag: the baseline)
     python bench/benchmark.py --url http://127.0.0.1:8000 --admin-token TOKEN   # an app already running
     python bench/benchmark.py --peer transformers-serve   # our app against `transformers serve`
+    python bench/benchmark.py --remote     # the engine in the app, then behind HTTP in a second app
 
 The workload (bench/workload.yaml, or --workload FILE) is sent by `--concurrency` clients at
 once, streaming: FAQ questions, paraphrases, bursts of one question asked at the same moment,
@@ -14,7 +15,9 @@ of them. It prints the figures side by side with their ratios, then the seed art
 beside ours; the last line is JSON with every figure. `--peer transformers-serve` runs
 `transformers serve --continuous-batching`, then the optimized app, on the same checkpoint, with the
 same KV blocks and token budget, on bench/peer_workload.yaml (conversations no cache can help)
-unless --workload names another.
+unless --workload names another. `--remote` runs the optimized app, then the same app with
+`engine.backend: remote` against a second app process serving its engine on /v1/completions: what
+the HTTP hop between a bot replica and its engine box costs.
 """
 
 from __future__ import annotations
@@ -80,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.peer:
         # The peer first: the ratio column is then ours to the peer's.
         runs = [run_peer(args, workload, scripts), run_side("optimized", args, workload, scripts)]
+    elif args.remote:
+        runs = [run_side("optimized", args, workload, scripts), run_remote(args, workload, scripts)]
     else:
         sides = ["baseline", "optimized"] if args.compare else ["optimized" if args.optimized else "baseline"]
         runs = [run_side(side, args, workload, scripts) for side in sides]
@@ -105,6 +110,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     side.add_argument(
         "--peer", choices=["transformers-serve"], help="run this server, then the optimized side, on the same model"
     )
+    side.add_argument(
+        "--remote", action="store_true", help="run the optimized side, then it again with its engine behind HTTP"
+    )
     parser.add_argument(
         "--workload",
         type=Path,
@@ -127,9 +135,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="with --url: the admin token, to read the app's counters (engine requests, cache hits, tokens)",
     )
     args = parser.parse_args(argv)
-    if args.url and (args.optimized or args.compare or args.peer):
+    if args.url and (args.optimized or args.compare or args.peer or args.remote):
         parser.error(
-            "--url measures the app as it is configured; --optimized, --compare and --peer start it themselves"
+            "--url measures the app as it is configured; --optimized, --compare, --peer and --remote start their own"
         )
     args.workload = args.workload or (PEER_WORKLOAD if args.peer else DEFAULT_WORKLOAD)
     if args.concurrency < 1 or args.requests < 1:
@@ -234,6 +242,29 @@ def run_side(side: str, args: argparse.Namespace, workload: Workload, scripts: l
             target = Target(f"http://127.0.0.1:{port}", admin_token=admin_token)
             run = asyncio.run(measure(side, target, scripts, workload.max_tokens, args.concurrency))
             return dataclasses.replace(run, peak_rss_mb=peak_rss_mb(process.pid))
+
+
+def run_remote(args: argparse.Namespace, workload: Workload, scripts: list[Script]) -> Run:
+    """The optimized side as two processes on this machine: the bot, its engine on another app's
+    /v1/completions. The peak memory is both processes'."""
+    engine_port, port = free_port(), free_port()
+    with tempfile.TemporaryDirectory(prefix="clawdbot-bench-remote-") as scratch:
+        engine_dir, bot_dir = Path(scratch, "engine"), Path(scratch, "bot")
+        engine_dir.mkdir()
+        bot_dir.mkdir()
+        engine_box = app_config("optimized", args, workload, engine_port, engine_dir)
+        engine_box["cache"] = {"enabled": False}  # its /v1/completions never reads the response cache
+        bot = app_config("optimized", args, workload, port, bot_dir)
+        bot["engine"] |= {"backend": "remote", "remote_url": f"http://127.0.0.1:{engine_port}", "tokenizer": args.model}
+        admin_token = secrets.token_urlsafe(16)
+        with (
+            app_process(engine_box, engine_dir, secrets.token_urlsafe(16)) as engine_process,
+            app_process(bot, bot_dir, admin_token) as process,
+        ):
+            target = Target(f"http://127.0.0.1:{port}", admin_token=admin_token)
+            run = asyncio.run(measure("remote", target, scripts, workload.max_tokens, args.concurrency))
+            peak_mb = peak_rss_mb(process.pid) + peak_rss_mb(engine_process.pid)
+            return dataclasses.replace(run, peak_rss_mb=peak_mb)
 
 
 def run_peer(args: argparse.Namespace, workload: Workload, scripts: list[Script]) -> Run:
@@ -364,6 +395,14 @@ def report(args: argparse.Namespace, workload: Workload, figures: dict[str, Figu
     if len(figures) == 2:
         before, after = figures.values()
         summary["ratios"] = {name: round(r, 3) if r is not None else None for name, r in ratios(before, after).items()}
+    if "remote" in figures:
+        local, remote = figures["optimized"], figures["remote"]
+        summary["http_hop"] = {
+            "requests_per_s_ratio": round(remote.requests_per_s / local.requests_per_s, 3),
+            "output_tokens_per_s_ratio": round(remote.output_tokens_per_s / local.output_tokens_per_s, 3),
+            "ttft_ms_p50_added": round(remote.ttft_ms_p50 - local.ttft_ms_p50, 1),
+        }
+        print(f"\nthe HTTP hop: {summary['http_hop']}")
     if "baseline" in figures and "optimized" in figures:
         print()
         print(claims_table(figures["baseline"], figures["optimized"]))

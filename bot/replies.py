@@ -18,12 +18,14 @@ from collections.abc import AsyncIterable, Sequence
 from typing import Any, Protocol
 
 from bot.feishu_api import FeishuApi, FeishuApiError
+from engine.remote import EngineUnavailable
 
 log = logging.getLogger(__name__)
 
 ANSWER_ELEMENT = "answer"
 PLACEHOLDER = "…"
 ERROR_FOOTER = "\n\n---\n⚠️ Something went wrong while I was answering; please try again."
+UNAVAILABLE_FOOTER = "\n\n---\n⚠️ Sorry, the model server cannot be reached right now; please try again in a minute."
 # A card's JSON may be at most 30 KB; 6,000 characters of CJK text take 18 KB of it.
 CARD_TEXT_LIMIT = 6000
 SUMMARY_CHARS = 60
@@ -91,6 +93,9 @@ class Replier:
             log.warning("feishu: the answer to %s was cancelled", message_id)
             await card.finish(text + ERROR_FOOTER, actions)
             raise
+        except EngineUnavailable as exc:
+            log.warning("feishu: answering %s failed: %s", message_id, exc)
+            await card.finish(text + UNAVAILABLE_FOOTER, actions)
         except Exception:
             log.exception("feishu: answering %s failed", message_id)
             await card.finish(text + ERROR_FOOTER, actions)

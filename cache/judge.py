@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from engine import ChatFormat, LLMEngine, SamplingParams
+from engine import ChatFormat, Engine, SamplingParams
 
 Judge = Callable[[str, str], Awaitable[bool]]
 """judge(question_a, question_b) -> do they ask for the same answer?"""
@@ -20,7 +20,7 @@ ANSWER_TOKENS = 3
 class LLMJudge:
     """Asks the served model; `chat_format` should have thinking off, so the answer comes first."""
 
-    def __init__(self, engine: LLMEngine, chat_format: ChatFormat) -> None:
+    def __init__(self, engine: Engine, chat_format: ChatFormat) -> None:
         self.engine = engine
         self.chat_format = chat_format
 

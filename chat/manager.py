@@ -1,7 +1,7 @@
 """ChatManager: the turn pipeline.
 
     session, under its lock -> response cache (L1, L2) -> compression if the prompt would not fit
-    -> request merging -> LLMEngine.stream -> reply streamed to the caller -> turn stored
+    -> request merging -> Engine.stream -> reply streamed to the caller -> turn stored
     -> answer cached -> in the background: the model's summaries for the compression's
     stand-ins; compression ahead of the next turn, if due
 
@@ -28,7 +28,7 @@ from chat.sessions import API_CHANNEL, Conversation, SessionState, SessionStore
 from chat.tool_calls import ToolUse
 from chat.transcripts import Transcript
 from chat.turns import InvalidMessage, Turn, TurnResult, require_unicode
-from engine import ChatFormat, LLMEngine, SamplingParams, StreamDelta
+from engine import ChatFormat, Engine, SamplingParams, StreamDelta
 from settings import ContextSettings, GenerationSettings
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class _Request:
 class ChatManager:
     def __init__(
         self,
-        engine: LLMEngine,
+        engine: Engine,
         chat_format: ChatFormat,
         sessions: SessionStore,
         cache: ResponseCache,

@@ -6,7 +6,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from engine import ChatFormat, LLMEngine, SamplingParams
+from engine import ChatFormat, Engine, SamplingParams
 
 SUMMARIZER_PROMPT = (
     "You condense conversations. Summarize the conversation below in a few sentences. "
@@ -26,7 +26,7 @@ class Summarizer:
 
     `chat_format` should have thinking off, so the summary comes first."""
 
-    def __init__(self, engine: LLMEngine, chat_format: ChatFormat, max_tokens: int, capacity: int) -> None:
+    def __init__(self, engine: Engine, chat_format: ChatFormat, max_tokens: int, capacity: int) -> None:
         self.engine = engine
         self.chat_format = chat_format
         self.max_tokens = max_tokens

@@ -1,5 +1,6 @@
 """Our own Qwen3 inference engine: a paged KV pool with prefix caching, continuous batching,
-batched sampling with dynamic top-k, streaming. Imports nothing from the rest of the project.
+batched sampling with dynamic top-k, streaming; or, behind the same `Engine` interface, a model
+server over HTTP (`engine.remote`). Imports nothing from the rest of the project.
 
     from engine import LLMEngine, SamplingParams
 """
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from .chat_format import ChatFormat
 from .config import EngineConfig
+from .interface import Engine
 from .metrics import EngineFigures
 from .outputs import FinishReason, RequestOutput, StreamDelta
 from .sampling_params import SamplingParams
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ChatFormat",
+    "Engine",
     "EngineConfig",
     "EngineFigures",
     "FinishReason",

@@ -125,6 +125,20 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(bundled_tokenizer_dir())
 
 
+def load_named_tokenizer(name: str, data_dir: Path) -> PreTrainedTokenizerBase:
+    """A served model's tokenizer without its weights: `qwen3` (the bundled Qwen3 tokenizer, which
+    every Qwen3 size shares), a built-in model, a checkpoint folder, or a hub id (from the local
+    Hugging Face cache, else the hub)."""
+    if name == "qwen3":
+        return AutoTokenizer.from_pretrained(bundled_tokenizer_dir())
+    if name in BUILTIN_MODELS:
+        return load_tokenizer(builtin_checkpoint(name, data_dir).path)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return load_tokenizer(path)
+    return AutoTokenizer.from_pretrained(name)
+
+
 def load_config(checkpoint: Checkpoint) -> PretrainedConfig:
     config: PretrainedConfig = AutoConfig.from_pretrained(checkpoint.path)
     if config.model_type not in MODEL_TYPES:

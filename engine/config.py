@@ -43,3 +43,19 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be at least 2, got {self.max_model_len}")
         if self.kv_cache_tokens < self.block_size:
             raise ValueError("kv_cache_tokens must hold at least one block")
+
+
+@dataclass
+class RemoteConfig:
+    """Everything a RemoteEngine needs; the app's `engine` settings with `backend: remote` fill it."""
+
+    url: str
+    tokenizer: str  # the served model's: a checkpoint folder, a hub id, builtin:..., or qwen3 (bundled)
+    data_dir: str = "data"
+    model: str | None = None  # the served model's id; None: the one the server lists
+    api_key: str = ""
+    max_num_seqs: int = 64  # requests this replica has in flight at once; more wait here
+    max_model_len: int | None = None  # None: what the server reports
+    connect_timeout_s: float = 5.0
+    timeout_s: float = 120.0  # longest silence in a stream (a long prompt's prefill comes first)
+    send_priority: bool = False  # vLLM refuses priorities unless started with --scheduling-policy priority

@@ -38,7 +38,7 @@ class EngineCore:
         assert not seq.is_finished
         self.scheduler.finish(seq)
         seq.finish_reason = reason
-        self.metrics.record_finished(seq)
+        self.metrics.record_finished(seq.finish_reason, seq.num_prompt_tokens, seq.ttft_s)
 
     def has_unfinished_sequences(self) -> bool:
         return not self.scheduler.is_finished()

@@ -51,8 +51,9 @@ class LLMEngine:
         self.model_name = checkpoint.name
         self.is_demo_model = checkpoint.is_demo
         self.device, self.dtype = device, dtype
-        self.num_parameters = sum(parameter.numel() for parameter in model.parameters())
+        self.num_parameters: int | None = sum(parameter.numel() for parameter in model.parameters())
         self.max_model_len = self.core.max_model_len
+        self.max_num_seqs = config.max_num_seqs
         self.inputs = InputProcessor(self.tokenizer, arch.vocab_size, self.max_model_len)
         self._lock = threading.Condition()
         self._new_requests: list[Request] = []
@@ -188,6 +189,10 @@ class LLMEngine:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
+
+    async def close(self, timeout_s: float) -> bool:
+        """`shutdown` off the event loop: the step in progress may take seconds to end."""
+        return await asyncio.to_thread(self.shutdown, timeout_s)
 
     def _make_request(
         self,

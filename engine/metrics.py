@@ -5,7 +5,6 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from .kv_pool import KVPoolFigures
-from .sequence import Sequence
 
 
 @dataclass(frozen=True)
@@ -90,13 +89,12 @@ class EngineMetrics:
             self.num_steps += 1
             self.num_generated_tokens += num_generated_tokens
 
-    def record_finished(self, seq: Sequence) -> None:
-        assert seq.finish_reason is not None
+    def record_finished(self, finish_reason: str, num_prompt_tokens: int, ttft_s: float | None) -> None:
         with self.lock:
-            self.finish_reasons[seq.finish_reason] += 1
-            self.num_prompt_tokens += seq.num_prompt_tokens
-            if seq.ttft_s is not None:
-                self.ttfts.append(seq.ttft_s)
+            self.finish_reasons[finish_reason] += 1
+            self.num_prompt_tokens += num_prompt_tokens
+            if ttft_s is not None:
+                self.ttfts.append(ttft_s)
 
     def figures(self) -> ActivityFigures:
         now = time.monotonic()

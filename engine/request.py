@@ -50,7 +50,7 @@ class InputProcessor:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate()
-        token_ids = self._validate_prompt(prompt_token_ids)
+        token_ids = self.validate_prompt(prompt_token_ids)
         if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         seq = Sequence(
@@ -63,7 +63,7 @@ class InputProcessor:
         )
         return Request(seq, IncrementalDetokenizer(self.tokenizer, params.stop), callback)
 
-    def _validate_prompt(self, prompt_token_ids: list[int]) -> list[int]:
+    def validate_prompt(self, prompt_token_ids: list[int]) -> list[int]:
         try:
             token_ids = [operator.index(t) for t in prompt_token_ids]
         except TypeError:

@@ -25,6 +25,7 @@ SECRET_ENV: dict[str, str] = {
     "FEISHU_ENCRYPT_KEY": "feishu.encrypt_key",
     "CLAWDBOT_ADMIN_TOKEN": "admin.token",
     "CLAWDBOT_API_KEY": "api.key",
+    "CLAWDBOT_ENGINE_API_KEY": "engine.remote_api_key",
 }
 
 

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInf
 from pydantic_core import PydanticCustomError
 
 from engine import EngineConfig
-from engine.config import Device, DType
+from engine.config import Device, DType, RemoteConfig
 
 # What `python -m cache calibrate` recommends for each embedder on the dev pairs (tests/data): the
 # highest threshold that keeps 98% of the best recall at precision 0.98 with verification, so a
@@ -61,7 +61,8 @@ class MaintenanceSettings(Section):
 
 
 class EngineSettings(Section):
-    """`EngineConfig`'s fields, with its defaults, checked here so an error names the key."""
+    """`EngineConfig`'s fields, with its defaults, checked here so an error names the key; with
+    `backend: remote`, the model server's (`RemoteConfig`)."""
 
     model: str = EngineConfig.model
     data_dir: str = EngineConfig.data_dir
@@ -74,6 +75,52 @@ class EngineSettings(Section):
     max_num_batched_tokens: int = Field(EngineConfig.max_num_batched_tokens, ge=16)
     max_model_len: int | None = Field(EngineConfig.max_model_len, ge=2)
     enable_prefix_caching: bool = EngineConfig.enable_prefix_caching
+    backend: Literal["local", "remote"] = "local"
+    tokenizer: str | None = Field(EngineConfig.tokenizer, validate_default=True)
+    remote_url: str = Field("", validate_default=True)
+    remote_api_key: str = ""
+    remote_model: str | None = None
+    remote_connect_timeout_s: float = Field(5.0, gt=0, le=300)
+    remote_timeout_s: float = Field(120.0, gt=0, le=3600)
+    remote_priority: bool = False
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _named_for_remote(cls, tokenizer: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("backend") == "remote" and tokenizer is None and info.data.get("model") == "auto":
+            raise PydanticCustomError(
+                "remote_tokenizer",
+                "required with engine.backend remote (the served model's tokenizer: a folder, a hub id or qwen3), "
+                "unless engine.model names the served checkpoint",
+            )
+        return tokenizer
+
+    @field_validator("remote_url")
+    @classmethod
+    def _set_for_remote(cls, url: str, info: ValidationInfo) -> str:
+        if info.data.get("backend") == "remote" and not re.match(r"https?://[^/]", url):
+            raise PydanticCustomError(
+                "remote_url", "required with engine.backend remote: the model server's base URL, http(s)://host:port"
+            )
+        return url
+
+    def local(self) -> EngineConfig:
+        fields = EngineConfig.__dataclass_fields__
+        return EngineConfig(**{key: value for key, value in self.model_dump().items() if key in fields})
+
+    def remote(self) -> RemoteConfig:
+        return RemoteConfig(
+            url=self.remote_url,
+            tokenizer=self.tokenizer or self.model,
+            data_dir=self.data_dir,
+            model=self.remote_model,
+            api_key=self.remote_api_key,
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=self.max_model_len,
+            connect_timeout_s=self.remote_connect_timeout_s,
+            timeout_s=self.remote_timeout_s,
+            send_priority=self.remote_priority,
+        )
 
 
 class GenerationSettings(Section):

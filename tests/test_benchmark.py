@@ -118,6 +118,19 @@ def test_compare_at_a_tiny_size(tmp_path: Path) -> None:
     assert plot.stat().st_size > 10_000
 
 
+def test_remote_at_a_tiny_size(tmp_path: Path) -> None:
+    path = edited_workload("workload.yaml", tmp_path, lambda data: data.update(max_tokens=8))
+    figures = run_benchmark(
+        "--remote", "--requests", "8", "--concurrency", "2", "--workload", str(path), "--data-dir", str(SHARED_DATA_DIR)
+    )
+    local, remote = figures["optimized"], figures["remote"]
+    for side in (local, remote):
+        assert side["requests"] == 8 and side["errors"] == 0 and side["engine_requests"] > 0
+    # the engine box's prefix cache, reported through usage.prompt_tokens_details.cached_tokens
+    assert remote["prompt_tokens_reused"] > 0
+    assert set(figures["http_hop"]) == {"requests_per_s_ratio", "output_tokens_per_s_ratio", "ttft_ms_p50_added"}
+
+
 def test_the_peer_workload_never_asks_the_same_thing_twice() -> None:
     spec = workload.load_workload(BENCH / "peer_workload.yaml")
     messages = [message for script in workload.build_scripts(spec, 200, max_copies=8) for message in script.turns]

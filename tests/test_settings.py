@@ -59,6 +59,15 @@ def test_every_setting_is_in_config_yaml_with_a_comment() -> None:
             "feishu:\n  mode: webhook\n  app_id: cli_1\n  app_secret: s\n",
             "config.yaml: feishu.verification_token: required in webhook mode",
         ),
+        (
+            "engine:\n  backend: remote\n",
+            "config.yaml: engine.tokenizer: required with engine.backend remote (the served model's tokenizer",
+        ),
+        (
+            "engine:\n  backend: remote\n  tokenizer: qwen3\n  remote_url: gpu-box:8000\n",
+            "config.yaml: engine.remote_url: required with engine.backend remote: the model server's base URL",
+        ),
+        ("engine:\n  backend: vllm\n", "config.yaml: engine.backend: expected one of"),
         ("server: [1\n", "config.yaml: not valid YAML"),
         ("- a\n- b\n", "config.yaml: expected a mapping"),
     ],
@@ -99,6 +108,19 @@ def test_secrets_come_from_the_environment(tmp_path: Path) -> None:
     assert settings.admin.token == "adm"
     assert settings.feishu.enabled
     assert not load_settings(None, environ={}).feishu.enabled
+
+
+def test_the_remote_backend_takes_engine_model_as_its_tokenizer_and_its_key_from_the_environment(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, "engine:\n  backend: remote\n  model: Qwen/Qwen3-8B\n  remote_url: http://gpu:8000\n")
+    remote = load_settings(path, environ={"CLAWDBOT_ENGINE_API_KEY": "k"}).engine.remote()
+    assert (remote.url, remote.tokenizer, remote.api_key, remote.max_num_seqs) == (
+        "http://gpu:8000",
+        "Qwen/Qwen3-8B",
+        "k",
+        64,
+    )
 
 
 def test_dedup_ttl_is_at_least_a_day(tmp_path: Path) -> None:

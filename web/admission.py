@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 
-from engine import LLMEngine
+from engine import Engine
 from web.deps import ChatManagerDep, SettingsDep
 from web.errors import WebError
 
@@ -58,8 +58,8 @@ async def admit(request: Request, chat_manager: ChatManagerDep, settings: Settin
         admission.in_flight -= 1
 
 
-def _busy(admission: Admission, engine: LLMEngine, max_queued: int) -> str | None:
-    limit = max_queued + engine.config.max_num_seqs
+def _busy(admission: Admission, engine: Engine, max_queued: int) -> str | None:
+    limit = max_queued + engine.max_num_seqs
     if admission.in_flight >= limit:
         return f"{admission.in_flight} requests are in flight (api.max_queued_requests + engine.max_num_seqs = {limit})"
     if engine.num_waiting_requests >= max_queued:

@@ -14,9 +14,9 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Sequence
 from contextlib import aclosing
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.responses import StreamingResponse
@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 SYSTEM_ROLES = ("system", "developer")
 
+T = TypeVar("T")
+
 
 def require_api_key(settings: SettingsDep, authorization: Annotated[str | None, Header()] = None) -> None:
     key = settings.api.key
@@ -76,9 +78,21 @@ router = APIRouter(
 )
 
 
+def check_model(requested: str, served: str) -> None:
+    if requested != served:
+        raise WebError(
+            404,
+            f"The model '{requested}' does not exist; this server serves '{served}'.",
+            param="model",
+            code="model_not_found",
+        )
+
+
 @router.get("/models")
 async def list_models(chat_manager: ChatManagerDep) -> ModelList:
-    return ModelList(data=[Model(id=chat_manager.model_name, created=0)])
+    return ModelList(
+        data=[Model(id=chat_manager.model_name, created=0, max_model_len=chat_manager.engine.max_model_len)]
+    )
 
 
 @router.post("/chat/completions", response_model=ChatCompletion, dependencies=[Depends(admit)])
@@ -92,13 +106,7 @@ async def create_chat_completion(
 ) -> ChatCompletion | StreamingResponse:
     rate_limiter.check_client(request, settings.api.key)
     model = chat_manager.model_name
-    if body.model != model:
-        raise WebError(
-            404,
-            f"The model '{body.model}' does not exist; this server serves '{model}'.",
-            param="model",
-            code="model_not_found",
-        )
+    check_model(body.model, model)
     transcript = _transcript(body.messages, settings.limits, settings.context.system_prompt)
     tools = _tool_use(body)
     params = _sampling(body, chat_manager.sampling, settings.generation)
@@ -132,7 +140,7 @@ async def create_chat_completion(
         )
 
     try:
-        result = await _collect(turn, request)
+        result = await unless_disconnected(turn.collect(), request)
     except (ValueError, RuntimeError) as exc:
         raise _turn_failed(exc) from exc
     response.headers["X-Cache-Status"] = result.cache_level
@@ -291,19 +299,19 @@ def _choice(result: TurnResult, calling: bool) -> Choice:
     return Choice(message=message, finish_reason=_finish_reason(result, called=True))
 
 
-async def _collect(turn: Turn, request: Request) -> TurnResult:
-    """The whole reply. A client that disconnects first aborts the turn, as a closed stream does:
-    nothing is stored, and the engine stops generating for no one."""
-    collecting = asyncio.ensure_future(turn.collect())
+async def unless_disconnected(work: Coroutine[Any, Any, T], request: Request) -> T:
+    """`work`'s result. A client that disconnects first cancels it, as a closed stream does: a turn
+    stores nothing, and the engine stops generating for no one."""
+    working = asyncio.ensure_future(work)
     leaving = asyncio.ensure_future(_disconnected(request))
     try:
-        done, _ = await asyncio.wait((collecting, leaving), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait((working, leaving), return_when=asyncio.FIRST_COMPLETED)
     finally:
-        collecting.cancel()  # nothing once the reply is complete: the turn is stored regardless
+        working.cancel()  # nothing once the work is done: a complete turn is stored regardless
         leaving.cancel()
-    if collecting in done:
-        return collecting.result()
-    log.info("a client disconnected before its reply was complete; the turn is aborted")
+    if working in done:
+        return working.result()
+    log.info("a client disconnected before its reply was complete; the request is aborted")
     # 499 (nginx's "client closed request"): no one reads it, but the request metrics count it.
     raise WebError(499, "The client closed the connection before the reply was complete.", code="client_disconnected")
 

@@ -211,6 +211,7 @@ class Model(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "clawdbot"
+    max_model_len: int  # as vLLM reports it: what a remote backend may send
 
 
 class ModelList(BaseModel):

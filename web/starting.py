@@ -23,6 +23,10 @@ log = logging.getLogger("clawdbot")
 RETRY_AFTER_S = 5
 
 
+class StartupError(Exception):
+    """A start-up failure whose message says all there is to say: logged as one line."""
+
+
 class StartingApp:
     """An ASGI app that builds the real one (`build`, in a worker thread), runs its lifespan,
     then hands every request to it. `on_failure` is called when building or starting fails."""
@@ -73,6 +77,10 @@ class StartingApp:
         try:
             app = await self._build_in_thread()
             await self._lifespans.enter_async_context(app.router.lifespan_context(app))
+        except StartupError as exc:
+            log.error("start-up failed: %s", exc)
+            self._on_failure()
+            return
         except Exception:
             log.exception("start-up failed")
             self._on_failure()

@@ -13,7 +13,7 @@ from chat.compression import Compressor
 from chat.merging import RequestMerger
 from chat.sessions import SessionState
 from chat.summarizer import Summarizer
-from engine import LLMEngine, StreamDelta
+from engine import Engine, LLMEngine, StreamDelta
 from settings import CacheSettings, ContextSettings, GenerationSettings
 from storage import Database
 from tests.support import SHARED_DATA_DIR
@@ -37,7 +37,7 @@ def smollm2_engine(smollm2_dir: Path) -> Iterator[LLMEngine]:
 class ManagerFactory:
     """Builds ChatManagers over one database, as the app would after each restart."""
 
-    def __init__(self, engine: LLMEngine, embedder: Embedder, db: Database) -> None:
+    def __init__(self, engine: Engine, embedder: Embedder, db: Database) -> None:
         self.engine, self.embedder, self.db = engine, embedder, db
 
     async def __call__(

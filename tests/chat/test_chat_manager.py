@@ -37,7 +37,7 @@ async def test_prompt_is_append_only_and_the_prefix_cache_hits(managers: Manager
 
     assert after_second[: len(after_first)] == after_first
     assert second.prompt_tokens > len(after_first)
-    block = manager.engine.config.block_size
+    block = manager.engine.figures().kv_cache.block_size
     assert second.cached_tokens >= (len(after_first) // block - 1) * block > 0
     assert first.session_id == second.session_id
 

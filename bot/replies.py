@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 
 ANSWER_ELEMENT = "answer"
 PLACEHOLDER = "…"
-ERROR_FOOTER = "\n\n---\n⚠️ Something went wrong while I was answering; please try again."
-UNAVAILABLE_FOOTER = "\n\n---\n⚠️ Sorry, the model server cannot be reached right now; please try again in a minute."
+FOOTER_RULE = "\n\n---\n"
+ERROR_FOOTER = FOOTER_RULE + "⚠️ Something went wrong while I was answering; please try again."
+UNAVAILABLE_FOOTER = FOOTER_RULE + "⚠️ Sorry, the model server cannot be reached now; please try again in a minute."
 # A card's JSON may be at most 30 KB; 6,000 characters of CJK text take 18 KB of it.
 CARD_TEXT_LIMIT = 6000
 SUMMARY_CHARS = 60
@@ -91,14 +92,14 @@ class Replier:
             await card.finish(text, actions)
         except asyncio.CancelledError:
             log.warning("feishu: the answer to %s was cancelled", message_id)
-            await card.finish(text + ERROR_FOOTER, actions)
+            await card.finish(_ended(text, ERROR_FOOTER), actions)
             raise
         except EngineUnavailable as exc:
             log.warning("feishu: answering %s failed: %s", message_id, exc)
-            await card.finish(text + UNAVAILABLE_FOOTER, actions)
+            await card.finish(_ended(text, UNAVAILABLE_FOOTER), actions)
         except Exception:
             log.exception("feishu: answering %s failed", message_id)
-            await card.finish(text + ERROR_FOOTER, actions)
+            await card.finish(_ended(text, ERROR_FOOTER), actions)
 
     async def _open_card(self, message_id: str, part: int, in_thread: bool, attempt: str) -> CardWriter:
         reply_uuid = _uuid(message_id, f"card-{part}-{attempt}" if attempt else f"card-{part}")
@@ -224,3 +225,9 @@ def _split_point(text: str, limit: int) -> int:
 def _uuid(scope: str, item: object) -> str:
     # Deterministic, so a retried send carries the same uuid and Feishu drops the repeat.
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"feishu:{scope}:{item}"))
+
+
+def _ended(text: str, footer: str) -> str:
+    """A failed answer's last text: what was shown and the footer under a rule; the footer's line
+    alone when nothing was shown."""
+    return text + footer if text else footer.removeprefix(FOOTER_RULE)

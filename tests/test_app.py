@@ -84,6 +84,16 @@ def test_a_model_that_cannot_load_stops_the_app_with_an_error(tmp_path: Path) ->
     assert "start-up failed" in app.log() and "no-such-model" in app.log()
 
 
+def test_a_model_server_that_cannot_be_reached_stops_the_app_with_one_line(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    engine = {"backend": "remote", "remote_url": url, "tokenizer": "qwen3"}
+    app = AppProcess(tmp_path, free_port(), {"engine": engine})
+    with pytest.raises(RuntimeError, match="app exited with 1"):
+        app.start()
+    assert f"start-up failed: engine.remote_url {url}: cannot reach the model server" in app.log()
+    assert "Traceback" not in app.log()
+
+
 def test_a_port_in_use_is_reported_at_once_before_anything_loads(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

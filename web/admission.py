@@ -37,7 +37,7 @@ async def admit(request: Request, chat_manager: ChatManagerDep, settings: Settin
     if not chat_manager.engine.is_running():
         raise WebError(
             503,
-            "The model is not loaded: the engine is starting or shutting down.",
+            "The model is not available: the engine is starting or shutting down, or its server cannot be reached.",
             type="server_error",
             code="model_not_ready",
             headers={"Retry-After": str(RETRY_AFTER_NOT_RUNNING_S)},

@@ -10,9 +10,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.feishu_api import FeishuApi, FeishuApiError
-from bot.replies import ERROR_FOOTER, Replier
+from bot.replies import ERROR_FOOTER, FOOTER_RULE, UNAVAILABLE_FOOTER, Replier
+from engine import SamplingParams
+from engine.config import RemoteConfig
+from engine.remote import RemoteEngine
 from tests.fakes.events import new_message_id
 from tests.fakes.feishu import FakeFeishu
+from tests.fakes.model_server import FakeModelServer
+from tests.support import free_port
 
 _app_ids = itertools.count(1)
 
@@ -88,6 +93,24 @@ async def test_a_failed_generation_ends_with_the_error_footer(api: FeishuApi, fa
 
     (reply,) = fake.replies_to(message_id)
     assert fake.text_of(reply) == "so far" + ERROR_FOOTER
+    assert not fake.card_of(reply).streaming
+
+
+async def test_a_model_server_that_cannot_be_reached_gets_a_short_apology(api: FeishuApi, fake: FakeFeishu) -> None:
+    server = FakeModelServer(free_port(), model="Qwen/Qwen3-8B").start()
+    engine = RemoteEngine(RemoteConfig(url=server.base_url, tokenizer="qwen3")).start()
+    server.stop()  # gone by the time the question comes
+    message_id = new_message_id()
+
+    async def answer() -> AsyncIterator[str]:
+        async for delta in engine.stream([1, 2, 3], SamplingParams()):
+            yield delta.text
+
+    await Replier(api, interval_s=0.0).stream(message_id, answer(), in_thread=False)
+    await engine.close(1.0)
+
+    (reply,) = fake.replies_to(message_id)
+    assert fake.text_of(reply) == UNAVAILABLE_FOOTER.removeprefix(FOOTER_RULE)
     assert not fake.card_of(reply).streaming
 
 

@@ -15,10 +15,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
 import uvicorn
 
 from logging_setup import configure_logging
-from settings import ConfigError, Settings, load_settings
+from settings import ConfigError, Settings, anchored, load_settings
 from web.http_protocol import ReadTimeoutH11Protocol
 from web.starting import StartingApp, StartupError
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "config.yaml"
+log = logging.getLogger("clawdbot")
 
 
 def configure_process() -> None:
@@ -39,21 +41,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Clawdbot: a self-hosted Feishu/Lark chatbot on Qwen3.")
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="settings file (default: config.yaml)")
     args = parser.parse_args(argv)
+    config = args.config.resolve() if args.config.exists() or args.config != DEFAULT_CONFIG else None
     try:
-        settings = load_settings(args.config if args.config.exists() or args.config != DEFAULT_CONFIG else None)
+        settings = anchored(load_settings(config), (config or DEFAULT_CONFIG).parent)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
     try:
         listening = bind(settings.server.host, settings.server.port)
     except OSError as exc:
+        holder = port_holder(settings.server.port)
         print(
-            f"server.port: cannot listen on {settings.server.host}:{settings.server.port}: {exc.strerror}",
+            f"server.port: cannot listen on {settings.server.host}:{settings.server.port}: {exc.strerror}"
+            + (f" ({holder} holds it)" if holder else ""),
             file=sys.stderr,
         )
         return 2
     configure_process()
     configure_logging(settings.logging)
+    from sqlalchemy.engine import make_url  # after configure_process(), as every heavy import
+
+    log.info(
+        "settings from %s; data in %s; database %s",
+        config or "defaults",
+        settings.engine.data_dir,
+        make_url(settings.storage.url).render_as_string(hide_password=True),
+    )
     failed = False
 
     def stop_on_failure() -> None:
@@ -93,6 +106,23 @@ def bind(host: str, port: int) -> socket.socket:
         listening.close()
         raise
     return listening
+
+
+def port_holder(port: int) -> str | None:
+    """The process listening on `port`, as "name (pid N)", when the system says (on Linux, for
+    processes of one's own user)."""
+    try:
+        connections = psutil.net_connections(kind="inet")
+    except psutil.Error:
+        return None
+    for connection in connections:
+        address = connection.laddr  # () for a socket not bound
+        if connection.status == psutil.CONN_LISTEN and address and address[1] == port and connection.pid:
+            try:
+                return f"{psutil.Process(connection.pid).name()} (pid {connection.pid})"
+            except psutil.Error:
+                return f"pid {connection.pid}"
+    return None
 
 
 def build(settings: Settings) -> FastAPI:

@@ -48,6 +48,17 @@ log = logging.getLogger("clawdbot")
 ENGINE_STOP_TIMEOUT_S = 2.0
 
 
+def where_to_find(settings: Settings) -> str:
+    """The addresses a newcomer wants once the app is up: the chat page, the console, the API."""
+    host = settings.server.host
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"  # on every interface: this machine's own address opens it here
+    base = f"http://{host}:{settings.server.port}" if ":" not in host else f"http://[{host}]:{settings.server.port}"
+    chat = f"chat page {base}/" if chat_page.serves_chat_page(settings) else "chat page off (api.chat_page)"
+    console = f"console {base}/admin" if settings.admin.token else "console closed (set admin.token to open it)"
+    return f"{chat}, {console}, API {base}/v1"
+
+
 def build_engine(settings: Settings) -> Engine:
     if settings.engine.backend == "remote":
         return RemoteEngine(settings.engine.remote())
@@ -143,7 +154,7 @@ def build_app(settings: Settings) -> FastAPI:
         scheduler.start()
         reminders.start()
         await bot.start()
-        log.info("serving on http://%s:%d", settings.server.host, settings.server.port)
+        log.info("ready: %s", where_to_find(settings))
         try:
             yield
         finally:

@@ -10,13 +10,15 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from storage import ChatSession, Database, Message, MessageRepository, SessionRepository
+from storage import ChatSession, Database, Message, MessageRepository, SessionQuery, SessionRepository
 
 
 @dataclass(frozen=True)
 class SessionSummary:
     id: int
     key: str
+    channel: str | None  # None: its chat was deleted
+    chat_id: str | None
     state: str
     created_at: datetime
     last_active_at: datetime
@@ -29,6 +31,7 @@ class SessionSummary:
 class SessionPage:
     total: int
     active: int
+    matching: int  # of the query the page is from
     sessions: list[SessionSummary]
 
 
@@ -80,14 +83,15 @@ def visible_messages(db: Database, key: str) -> list[tuple[str, str]]:
         return [(m.role, m.text) for m in messages if m.role in ("user", "assistant")]
 
 
-def page(db: Database, limit: int, offset: int) -> SessionPage:
+def page(db: Database, limit: int, offset: int, query: SessionQuery) -> SessionPage:
     with db.session() as session:
         repository = SessionRepository(session)
-        rows = repository.recent(limit, offset)
+        rows = repository.recent(limit, offset, query)
         counts = MessageRepository(session).counts([row.id for row in rows])
         return SessionPage(
             total=repository.count(),
             active=repository.count("active"),
+            matching=repository.count_matching(query),
             sessions=[_summary(row, *counts.get(row.id, (0, 0))) for row in rows],
         )
 
@@ -120,17 +124,19 @@ def detail(db: Database, session_id: int) -> SessionDetail | None:
         )
 
 
-def counts(db: Database) -> tuple[int, int]:
-    """Sessions stored, and how many of them are active."""
+def counts(db: Database) -> tuple[int, int, dict[str, int]]:
+    """Sessions stored, how many of them are active, and how many each channel holds."""
     with db.session() as session:
         repository = SessionRepository(session)
-        return repository.count(), repository.count("active")
+        return repository.count(), repository.count("active"), repository.count_by_channel()
 
 
 def _summary(row: ChatSession, messages: int, turns: int) -> SessionSummary:
     return SessionSummary(
         id=row.id,
         key=row.key,
+        channel=row.chat.channel if row.chat is not None else None,
+        chat_id=row.chat_id,
         state=row.state,
         created_at=row.created_at,
         last_active_at=row.last_active_at,

@@ -27,7 +27,7 @@ from chat.session_rows import SessionDetail, SessionPage
 from chat.transcripts import Transcript, transcript_digest
 from engine import ChatFormat
 from settings import ContextSettings
-from storage import Chat, ChatRepository, Database, MessageRepository, SessionRepository
+from storage import Chat, ChatRepository, Database, MessageRepository, SessionQuery, SessionRepository
 
 # Conversations that arrive as whole transcripts (the OpenAI-compatible API): their sessions are
 # found by the transcript's digest.
@@ -113,6 +113,7 @@ class SessionCounts:
     in_memory: int
     stored: int
     active: int
+    by_channel: dict[str, int]  # stored sessions, by the channel of their chat
 
 
 class SessionStore:
@@ -340,16 +341,16 @@ class SessionStore:
         """(role, text) of the active session's user and assistant messages; none before the first."""
         return await asyncio.to_thread(session_rows.visible_messages, self.db, self.key(conversation))
 
-    async def page(self, limit: int, offset: int) -> SessionPage:
-        """Sessions, most recently active first."""
-        return await asyncio.to_thread(session_rows.page, self.db, limit, offset)
+    async def page(self, limit: int, offset: int, query: SessionQuery | None = None) -> SessionPage:
+        """Sessions `query` matches (all without one), most recently active first."""
+        return await asyncio.to_thread(session_rows.page, self.db, limit, offset, query or SessionQuery())
 
     async def detail(self, session_id: int) -> SessionDetail | None:
         return await asyncio.to_thread(session_rows.detail, self.db, session_id)
 
     async def counts(self) -> SessionCounts:
-        stored, active = await asyncio.to_thread(session_rows.counts, self.db)
-        return SessionCounts(in_memory=len(self._sessions), stored=stored, active=active)
+        stored, active, by_channel = await asyncio.to_thread(session_rows.counts, self.db)
+        return SessionCounts(in_memory=len(self._sessions), stored=stored, active=active, by_channel=by_channel)
 
     # --- the database (worker threads) -----------------------------------------------------------
 

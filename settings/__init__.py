@@ -1,6 +1,6 @@
 """The typed settings: one section per part, read from config.yaml and the environment."""
 
-from settings.loading import SECRET_ENV, ConfigError, load_settings
+from settings.loading import SECRET_ENV, ConfigError, anchored, load_settings
 from settings.sections import (
     AdminSettings,
     ApiSettings,
@@ -37,5 +37,6 @@ __all__ = [
     "SessionSettings",
     "Settings",
     "StorageSettings",
+    "anchored",
     "load_settings",
 ]

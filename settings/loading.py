@@ -44,11 +44,25 @@ def load_settings(path: str | Path | None, environ: Mapping[str, str] | None = N
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(f"{Path(source).name}: {_describe(exc.errors()[0])}") from None
+        raise ConfigError(f"{source}: {_describe(exc.errors()[0])}") from None
+
+
+def anchored(settings: Settings, folder: Path) -> Settings:
+    """The settings with their relative paths (`engine.data_dir`, a SQLite `storage.url`) taken
+    from `folder`, the config file's, not from wherever the app happens to be started: started
+    from elsewhere, it would silently create a fresh database and fetch the model again there."""
+    engine = settings.engine.model_copy(update={"data_dir": str(folder / settings.engine.data_dir)})
+    storage = settings.storage
+    # sqlite:///relative/path, sqlite:////absolute/path (read without SQLAlchemy: importing it
+    # would cost the port's first answer a quarter of a second)
+    scheme, separator, database = storage.url.partition(":///")
+    if scheme.split("+")[0] == "sqlite" and separator and database and not database.startswith(("/", ":memory:")):
+        storage = storage.model_copy(update={"url": f"{scheme}:///{folder / database}"})
+    return settings.model_copy(update={"engine": engine, "storage": storage})
 
 
 def _read_yaml(path: str | Path) -> dict[str, Any]:
-    name = Path(path).name
+    name = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:

@@ -5,6 +5,7 @@ from storage.repositories import (
     ChatRepository,
     EventRepository,
     MessageRepository,
+    SessionQuery,
     SessionRepository,
     ThreadRepository,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "MessageRepository",
     "ProcessLocks",
     "ProcessedEvent",
+    "SessionQuery",
     "SessionRepository",
     "ThreadRepository",
     "utcnow",

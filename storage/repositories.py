@@ -3,13 +3,41 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import CursorResult, delete, func, select, update
+from sqlalchemy import ColumnElement, CursorResult, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from storage.models import CacheEntry, Chat, ChatSession, FollowedThread, Message, ProcessedEvent, utcnow
+
+
+@dataclass(frozen=True)
+class SessionQuery:
+    """What the console looks for: `text` in the session's key (which holds the chat and, per user
+    or thread, their ids), its chat's id or name, or any of its messages, case-insensitively; a
+    channel; a state. Empty fields match everything."""
+
+    text: str = ""
+    channel: str | None = None
+    state: str | None = None
+
+    def conditions(self) -> list[ColumnElement[bool]]:
+        conditions: list[ColumnElement[bool]] = []
+        if self.state is not None:
+            conditions.append(ChatSession.state == self.state)
+        if self.channel is not None:
+            conditions.append(ChatSession.chat.has(Chat.channel == self.channel))
+        if self.text:
+            conditions.append(
+                or_(
+                    ChatSession.key.icontains(self.text, autoescape=True),
+                    ChatSession.chat.has(Chat.name.icontains(self.text, autoescape=True)),
+                    ChatSession.messages.any(Message.text.icontains(self.text, autoescape=True)),
+                )
+            )
+        return conditions
 
 
 class ChatRepository:
@@ -77,10 +105,23 @@ class SessionRepository:
             )
         return list(keys)
 
-    def recent(self, limit: int = 100, offset: int = 0) -> Sequence[ChatSession]:
+    def recent(self, limit: int = 100, offset: int = 0, among: SessionQuery | None = None) -> Sequence[ChatSession]:
+        """Most recently active first, with their chats; with `among`, only the sessions it matches."""
+        query = select(ChatSession).options(selectinload(ChatSession.chat))
+        if among is not None:
+            query = query.where(*among.conditions())
         return self.session.scalars(
-            select(ChatSession).order_by(ChatSession.last_active_at.desc()).limit(limit).offset(offset)
+            query.order_by(ChatSession.last_active_at.desc(), ChatSession.id.desc()).limit(limit).offset(offset)
         ).all()
+
+    def count_matching(self, among: SessionQuery) -> int:
+        return self.session.scalar(select(func.count()).select_from(ChatSession).where(*among.conditions())) or 0
+
+    def count_by_channel(self) -> dict[str, int]:
+        rows = self.session.execute(
+            select(Chat.channel, func.count()).select_from(ChatSession).join(Chat).group_by(Chat.channel)
+        )
+        return dict(rows.all())
 
     def count(self, state: str | None = None) -> int:
         query = select(func.count()).select_from(ChatSession)

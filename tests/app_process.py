@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class AppProcess:
     def __init__(self, workdir: Path, port: int, overrides: dict[str, Any] | None = None) -> None:
         self.workdir = workdir
+        self.cwd = workdir  # where it is started from
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}"
         config: dict[str, Any] = {
@@ -42,7 +43,7 @@ class AppProcess:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, str(ROOT / "app.py"), "--config", str(self.config_path)],
-                cwd=self.workdir,
+                cwd=self.cwd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from settings import ConfigError, Settings, load_settings
+from settings import ConfigError, Settings, anchored, load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,7 +75,7 @@ def test_every_setting_is_in_config_yaml_with_a_comment() -> None:
 def test_bad_values_name_the_key(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as excinfo:
         load_settings(write(tmp_path, text))
-    assert str(excinfo.value).startswith(message)
+    assert str(excinfo.value).startswith(f"{tmp_path}/{message}")  # the file's whole path
     assert "\n" not in str(excinfo.value)
 
 
@@ -95,7 +95,8 @@ def test_cli_exits_non_zero_with_one_line(tmp_path: Path) -> None:
         [sys.executable, str(ROOT / "app.py"), "--config", str(path)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode != 0
-    assert result.stderr.strip().splitlines() == ['config.yaml: server.port: expected an integer 1-65535, got "abc"']
+    expected = f'{path.resolve()}: server.port: expected an integer 1-65535, got "abc"'
+    assert result.stderr.strip().splitlines() == [expected]
 
 
 def test_secrets_come_from_the_environment(tmp_path: Path) -> None:
@@ -121,6 +122,20 @@ def test_the_remote_backend_takes_engine_model_as_its_tokenizer_and_its_key_from
         "k",
         64,
     )
+
+
+def test_relative_paths_are_taken_from_the_config_files_folder(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, "storage:\n  url: sqlite:///data/bot.db\n"))
+    folder = tmp_path / "conf"
+    here = anchored(settings, folder)
+    assert here.storage.url == f"sqlite:///{folder}/data/bot.db" and here.engine.data_dir == f"{folder}/data"
+    absolute = load_settings(
+        write(tmp_path, f"storage:\n  url: sqlite:///{tmp_path}/x.db\nengine:\n  data_dir: /srv\n")
+    )
+    assert anchored(absolute, folder).storage.url == f"sqlite:///{tmp_path}/x.db"
+    assert anchored(absolute, folder).engine.data_dir == "/srv"
+    postgres = "postgresql+psycopg://u:p@db/clawdbot"
+    assert anchored(Settings(storage={"url": postgres}), folder).storage.url == postgres
 
 
 def test_dedup_ttl_is_at_least_a_day(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from storage import (
     EventRepository,
     MessageRepository,
     ProcessedEvent,
+    SessionQuery,
     SessionRepository,
     utcnow,
 )
@@ -96,6 +97,35 @@ def test_one_active_session_per_key(db: Database) -> None:
         active = sessions.active("k")
         assert active is not None and active.id == second.id
         assert sessions.count() == 2
+
+
+def test_sessions_are_found_by_a_word_in_their_chat_or_messages_and_filtered(db: Database) -> None:
+    chats = [("feishu", "oc_team", "Platform team"), ("api", "a1", None), ("web", "w1", None), ("web", "w2", None)]
+    texts = {"oc_team": "Deploy the GATEWAY tonight", "a1": "100% sure?", "w1": "网关超时了", "w2": "hello"}
+    with db.session() as session:
+        for channel, chat_id, name in chats:
+            ChatRepository(session).get_or_create(chat_id, channel=channel, name=name)
+            row = SessionRepository(session).create(f"{channel}:{chat_id}", chat_id=chat_id)
+            MessageRepository(session).add(row.id, seq=0, turn_index=0, role="user", text=texts[chat_id], token_ids=[1])
+        SessionRepository(session).close(row.id)  # w2's
+
+    def found(**query: str) -> list[str]:
+        with db.session() as session:
+            sessions = SessionRepository(session)
+            rows = sessions.recent(10, 0, SessionQuery(**query))
+            assert sessions.count_matching(SessionQuery(**query)) == len(rows)
+            return sorted(row.chat_id or "" for row in rows)
+
+    assert found(text="gateway") == ["oc_team"]  # a message, whatever the case
+    assert found(text="platform") == ["oc_team"]  # the chat's name
+    assert found(text="web:w") == ["w1", "w2"]  # the key
+    assert found(text="网关") == ["w1"]
+    assert found(text="%") == ["a1"]  # a literal, not a wildcard
+    assert found(channel="web") == ["w1", "w2"]
+    assert found(channel="web", state="active") == ["w1"]
+    assert found(text="nowhere") == [] and len(found()) == 4
+    with db.session() as session:
+        assert SessionRepository(session).count_by_channel() == {"api": 1, "feishu": 1, "web": 2}
 
 
 def test_failed_unit_of_work_writes_nothing(db: Database) -> None:

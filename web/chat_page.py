@@ -75,7 +75,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def chat_page_enabled(settings: SettingsDep) -> None:
+async def chat_page_enabled(settings: SettingsDep) -> None:
     if not serves_chat_page(settings):
         raise WebError(404, "The chat page is off (api.chat_page).", code="not_found")
 
@@ -149,6 +149,12 @@ async def chat_page(
         conversation = signing.sign(secrets.token_urlsafe(18), secret, CONVERSATION_PURPOSE)
         page.set_cookie(COOKIE, conversation, max_age=COOKIE_MAX_AGE_S, httponly=True, samesite="strict")
     return page
+
+
+@router.get("/favicon.ico", include_in_schema=False)
+async def favicon() -> RedirectResponse:
+    """Browsers ask for /favicon.ico whatever the page links."""
+    return RedirectResponse("/static/favicon.svg", status_code=status.HTTP_307_TEMPORARY_REDIRECT)
 
 
 @router.get("/login", response_class=HTMLResponse, include_in_schema=False)

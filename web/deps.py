@@ -1,4 +1,9 @@
-"""Typed dependencies on what `build_app` put on `app.state`."""
+"""Typed dependencies on what `build_app` put on `app.state`.
+
+`async`, though they never await: FastAPI runs a plain `def` dependency in its thread pool, and
+those thread hops, each waiting for the GIL while the engine thread holds it, added tens of
+milliseconds to every request under load (the remote backend's HTTP hop: +30 ms TTFT p50 with 8
+streams, bench/benchmark.py --remote)."""
 
 from __future__ import annotations
 
@@ -15,36 +20,37 @@ from web.monitor import Monitor
 from web.telemetry import Telemetry
 
 
-def _chat_manager(request: Request) -> ChatManager:
+async def _chat_manager(request: Request) -> ChatManager:
     chat_manager: ChatManager = request.app.state.chat_manager
     return chat_manager
 
 
-def _sessions(request: Request) -> SessionStore:
-    return _chat_manager(request).sessions
+async def _sessions(request: Request) -> SessionStore:
+    chat_manager: ChatManager = request.app.state.chat_manager
+    return chat_manager.sessions
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def _rate_limiter(request: Request) -> RateLimiter:
+async def _rate_limiter(request: Request) -> RateLimiter:
     rate_limiter: RateLimiter = request.app.state.rate_limiter
     return rate_limiter
 
 
-def _login_throttle(request: Request) -> LoginThrottle:
+async def _login_throttle(request: Request) -> LoginThrottle:
     login_throttle: LoginThrottle = request.app.state.login_throttle
     return login_throttle
 
 
-def _telemetry(request: Request) -> Telemetry:
+async def _telemetry(request: Request) -> Telemetry:
     telemetry: Telemetry = request.app.state.telemetry
     return telemetry
 
 
-def _monitor(request: Request) -> Monitor:
+async def _monitor(request: Request) -> Monitor:
     monitor: Monitor = request.app.state.monitor
     return monitor
 
@@ -53,12 +59,12 @@ def _monitor(request: Request) -> Monitor:
 AssistantCounts = Callable[[], Awaitable[dict[str, int]]]
 
 
-def _assistant_counts(request: Request) -> AssistantCounts:
+async def _assistant_counts(request: Request) -> AssistantCounts:
     counts: AssistantCounts = request.app.state.assistant_counts
     return counts
 
 
-def _transports(request: Request) -> dict[str, TransportProbe]:
+async def _transports(request: Request) -> dict[str, TransportProbe]:
     transports: dict[str, TransportProbe] = request.app.state.transports
     return transports
 

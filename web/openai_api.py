@@ -58,7 +58,7 @@ SYSTEM_ROLES = ("system", "developer")
 T = TypeVar("T")
 
 
-def require_api_key(settings: SettingsDep, authorization: Annotated[str | None, Header()] = None) -> None:
+async def require_api_key(settings: SettingsDep, authorization: Annotated[str | None, Header()] = None) -> None:
     key = settings.api.key
     if not key:
         return

@@ -44,7 +44,7 @@ class Telemetry:
         )
         self.tokens = Histogram(
             "clawdbot_turn_tokens",
-            "tokens per web turn: prompt, prompt served from the prefix cache, completion",
+            "tokens per turn, every channel: prompt, prompt served from the prefix cache, completion",
             ["channel", "kind"],
             buckets=TOKEN_BUCKETS,
             registry=self.registry,
@@ -138,7 +138,7 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, send_and_record)
         finally:
-            route = scope.get("route")
-            path = getattr(route, "path", "unmatched")
+            # A route's template; for a mount (/static) the router leaves its path in root_path.
+            path = getattr(scope.get("route"), "path", None) or scope.get("root_path") or "unmatched"
             method = scope["method"] if scope["method"] in METHODS else "other"
             self.telemetry.requests.labels(path, method, str(status)).inc()

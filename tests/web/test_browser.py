@@ -4,13 +4,12 @@ console page go to test-artifacts/ (git-ignored)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.app_process import AppProcess
-from tests.support import ROOT
+from tests.web.browser_support import ADMIN_TOKEN, ARTIFACTS, log_in
 from tests.web.web_support import running_app
 
 if TYPE_CHECKING:
@@ -20,19 +19,6 @@ playwright_api = pytest.importorskip("playwright.sync_api")
 
 pytestmark = pytest.mark.browser
 
-ADMIN_TOKEN = "console-test-token"
-CHROMIUM = Path("/usr/bin/chromium")
-ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppProcess]:
@@ -41,27 +27,11 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppProcess]:
         yield running
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
-    with playwright_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1360, "height": 900})
     yield context.new_page()
     context.close()
-
-
-def log_in(page: Page, base_url: str, token: str) -> None:
-    page.goto(f"{base_url}/admin")
-    page.fill("#token", token)
-    page.click("button[type=submit]")
 
 
 def figure(page: Page, label: str) -> int:

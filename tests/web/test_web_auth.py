@@ -4,6 +4,7 @@ loopback address of its own (127.0.0.x), so their per-client limits never meet."
 from __future__ import annotations
 
 import random
+import re
 import string
 from collections.abc import Iterator
 from typing import Any
@@ -79,7 +80,8 @@ def _log_in_to_the_chat_page(client: httpx.Client) -> None:
     assert page.status_code == 200
     assert "chat.js" in page.text
     # the page names the model that answers, and warns that the demo model's text is meaningless
-    assert 'id="model" class="muted">builtin:tiny-qwen3<' in page.text and 'id="demo-warning"' in page.text
+    assert re.search(r'id="model" class="badge model demo"[^>]*>builtin:tiny-qwen3<', page.text)
+    assert 'id="demo-warning"' in page.text
     client.cookies.update(page.cookies)
 
 
@@ -148,3 +150,12 @@ def test_metrics_labels_stay_bounded_under_invented_methods(app: AppProcess) -> 
     healthz = [line for line in series if 'route="/healthz"' in line]
     assert len(healthz) <= 2, healthz  # GET 200 (the start-up probe), other 405
     assert any('method="other"' in line and 'status="405"' in line and line.endswith(" 300.0") for line in healthz)
+
+
+def test_static_files_are_counted_under_their_mount(app: AppProcess) -> None:
+    with httpx.Client(base_url=app.base_url) as client:
+        assert client.get("/static/style.css").status_code == 200
+        assert client.get("/static/no-such-file.css").status_code == 404
+        exposition = client.get("/metrics").text
+    assert 'clawdbot_http_requests_total{method="GET",route="/static",status="200"}' in exposition
+    assert 'clawdbot_http_requests_total{method="GET",route="/static",status="404"}' in exposition

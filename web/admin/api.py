@@ -11,12 +11,21 @@ from sqlalchemy.engine import make_url
 
 from cache.response_cache import EntryView
 from chat.session_rows import SessionDetail, SessionPage
+from chat.turns import lone_surrogate_at
 from settings import Settings
+from storage import SessionQuery
 from web.admin.auth import require_admin
 from web.deps import AssistantCountsDep, ChatManagerDep, MonitorDep, SessionsDep, SettingsDep, TransportsDep
 from web.health import TransportStatus
 
-SECRETS = {"feishu.app_secret", "feishu.verification_token", "feishu.encrypt_key", "admin.token", "api.key"}
+SECRETS = {
+    "feishu.app_secret",
+    "feishu.verification_token",
+    "feishu.encrypt_key",
+    "admin.token",
+    "api.key",
+    "engine.remote_api_key",
+}
 MASK = "••••••••"
 
 # The largest integer the databases store (SQLite's INTEGER, PostgreSQL's BIGINT): a larger id or
@@ -73,9 +82,16 @@ async def flush_cache(chat_manager: ChatManagerDep) -> Flushed:
 
 @router.get("/sessions")
 async def sessions_page(
-    sessions: SessionsDep, limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=MAX_ROW_NUMBER)
+    sessions: SessionsDep,
+    limit: int = Query(50, ge=1, le=500),
+    offset: int = Query(0, ge=0, le=MAX_ROW_NUMBER),
+    q: str = Query("", max_length=200, description="a word in the chat's key or name, or in any message"),
+    channel: str | None = Query(None, max_length=32),
+    state: Literal["active", "closed"] | None = None,
 ) -> SessionPage:
-    return await sessions.page(limit, offset)
+    if lone_surrogate_at(q) is not None:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "q is not valid Unicode.")
+    return await sessions.page(limit, offset, SessionQuery(text=q.strip(), channel=channel or None, state=state))
 
 
 @router.get("/sessions/{session_id}")

@@ -22,26 +22,25 @@ LOGIN = LoginForm(
     purpose="clawdbot-admin",  # what the cookie was signed with before web/login.py: logins stay valid
     then="/admin",
 )
+CLOSED = "The console is closed: set admin.token in config.yaml or CLAWDBOT_ADMIN_TOKEN."
 issue = LOGIN.issue
 verify = LOGIN.logged_in
 
 
-def console_token(settings: SettingsDep) -> str:
+async def console_token(settings: SettingsDep) -> str:
     """The admin token; 403 while none is configured (the console is closed)."""
     if not settings.admin.token:
-        raise HTTPException(
-            status.HTTP_403_FORBIDDEN, "The console is closed: set admin.token in config.yaml or CLAWDBOT_ADMIN_TOKEN."
-        )
+        raise HTTPException(status.HTTP_403_FORBIDDEN, CLOSED)
     return settings.admin.token
 
 
 ConsoleToken = Annotated[str, Depends(console_token)]
 
 
-def is_logged_in(token: ConsoleToken, clawdbot_admin: Annotated[str | None, Cookie()] = None) -> bool:
+async def is_logged_in(token: ConsoleToken, clawdbot_admin: Annotated[str | None, Cookie()] = None) -> bool:
     return LOGIN.logged_in(clawdbot_admin, token)
 
 
-def require_admin(logged_in: Annotated[bool, Depends(is_logged_in)]) -> None:
+async def require_admin(logged_in: Annotated[bool, Depends(is_logged_in)]) -> None:
     if not logged_in:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "Log in at /admin/login.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Form, Request, status
+from fastapi import APIRouter, Cookie, Form, HTTPException, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from web.admin import auth
@@ -15,10 +15,17 @@ router = APIRouter(prefix="/admin", tags=["admin console"], include_in_schema=Fa
 
 
 @router.get("", response_class=HTMLResponse)
-async def console(request: Request, logged_in: Annotated[bool, Depends(auth.is_logged_in)]) -> Response:
-    if not logged_in:
-        return RedirectResponse("/admin/login", status_code=status.HTTP_303_SEE_OTHER)
-    return templates.TemplateResponse(request, "admin.html")
+async def console(
+    request: Request, settings: SettingsDep, clawdbot_admin: Annotated[str | None, Cookie()] = None
+) -> Response:
+    """The console once logged in. Otherwise the login page, which also says when the console is
+    closed; API clients asking a closed console get its 403 as JSON."""
+    token = settings.admin.token
+    if token and auth.verify(clawdbot_admin, token):
+        return templates.TemplateResponse(request, "admin.html")
+    if not token and "text/html" not in request.headers.get("accept", ""):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, auth.CLOSED)
+    return RedirectResponse("/admin/login", status_code=status.HTTP_303_SEE_OTHER)
 
 
 @router.get("/login", response_class=HTMLResponse)

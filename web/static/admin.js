@@ -2,9 +2,13 @@
 "use strict";
 
 const REFRESH_MS = 2000;
-const COLORS = { accent: "#2f6fed", ok: "#1f9d60", warn: "#c77c02", bad: "#d23f3f", violet: "#7a4fd6" };
+const SESSIONS_PER_PAGE = 50;
+const SEARCH_DELAY_MS = 300;
 const PAGES = ["overview", "cache", "sessions", "config"];
+const CHANNELS = { feishu: "Feishu", api: "API", web: "Web" };
+const SHARE = { unit: "%", yMax: 1, format: (v) => (v * 100).toFixed(0) };
 let openSession = null;
+let sessionOffset = 0;
 
 const $ = (selector) => document.querySelector(selector);
 
@@ -23,13 +27,23 @@ const percent = (v) => `${number((v ?? 0) * 100, 1)} %`;
 const ms = (v) => `${number(v, v < 10 ? 1 : 0)} ms`;
 const when = (iso) => new Date(iso).toLocaleString();
 
-function cell(text, className = "") {
+// As mail clients write it: the time today, the day this year, the date before.
+function compactDate(iso) {
+  const date = new Date(iso), now = new Date();
+  if (date.toDateString() === now.toDateString()) return date.toLocaleTimeString([], { hour: "numeric", minute: "2-digit" });
+  if (date.getFullYear() === now.getFullYear()) return date.toLocaleDateString([], { month: "short", day: "numeric" });
+  return date.toLocaleDateString([], { dateStyle: "short" });
+}
+
+function cell(text, className = "", title = text) {
   const td = document.createElement("td");
   td.textContent = text;
   if (className) td.className = className;
-  td.title = text;
+  td.title = title;
   return td;
 }
+
+const dateCell = (iso) => cell(compactDate(iso), "when", when(iso));
 
 function figures(container, items) {
   container.replaceChildren(...items.map(([label, value, note]) => {
@@ -58,29 +72,38 @@ function renderTransports(transports) {
   box.classList.toggle("bad", Object.values(transports).some((transport) => !transport.ready));
 }
 
+// A session whose chat was deleted has no channel.
+const channelName = (channel) => (channel === null ? "—" : CHANNELS[channel] ?? channel);
+
+// "Feishu 12 · API 3": the sessions stored, per channel.
+function channelCounts(byChannel) {
+  const counts = Object.entries(byChannel).map(([channel, count]) => `${channelName(channel)} ${number(count)}`);
+  return counts.length ? counts.join(" · ") : "none yet";
+}
+
 function renderOverview(stats, history) {
   const engine = stats.engine, kv = engine.kv_cache, activity = engine.activity, turns = stats.turns;
   figures($("#overview-figures"), [
     ["Requests / s", number(last(history.requests_per_s), 2), `${number(turns.total)} turns in all`],
-    ["TTFT p50", ms(turns.ttft_p50_ms), "last 1,000 turns"],
-    ["TTFT p99", ms(turns.ttft_p99_ms), "last 1,000 turns"],
+    ["TTFT p50", ms(turns.ttft_p50_ms), `p99 ${ms(turns.ttft_p99_ms)}, last 1,000 turns`],
     ["Tokens / s", number(activity.generation_tokens_per_s, 1), "generated, last minute"],
     ["Batch size", number(activity.batch_size.mean, 1), `max ${activity.batch_size.max}, last minute`],
     ["KV-pool use", percent(kv.usage), `${number(kv.blocks_used)} of ${number(kv.blocks_total)} blocks`],
     ["Prefix-cache hit rate", percent(kv.prefix_hit_rate), `${number(kv.prefix_hit_tokens)} tokens reused`],
     ["Requests waiting", number(engine.requests.waiting), `${engine.requests.running} running`],
+    ["Sessions", number(stats.sessions.stored), channelCounts(stats.sessions.by_channel)],
   ]);
   const t = history.time;
-  lineChart($("#chart-requests"), t, [{ name: "requests / s", color: COLORS.accent, values: history.requests_per_s }], { format: (v) => v.toFixed(2) });
-  lineChart($("#chart-tokens"), t, [{ name: "tokens / s", color: COLORS.ok, values: history.tokens_per_s }]);
+  lineChart($("#chart-requests"), t, [{ name: "requests", color: "accent", values: history.requests_per_s }], { unit: "req/s", format: (v) => v.toFixed(2) });
+  lineChart($("#chart-tokens"), t, [{ name: "generated", color: "ok", values: history.tokens_per_s }], { unit: "tokens/s" });
   lineChart($("#chart-ttft"), t, [
-    { name: "p50", color: COLORS.accent, values: history.ttft_p50_ms },
-    { name: "p99", color: COLORS.warn, values: history.ttft_p99_ms },
-  ], { format: (v) => v.toFixed(0) });
+    { name: "p50", color: "accent", values: history.ttft_p50_ms },
+    { name: "p99", color: "warn", values: history.ttft_p99_ms },
+  ], { unit: "ms", format: (v) => v.toFixed(0) });
   lineChart($("#chart-kv"), t, [
-    { name: "KV-pool use", color: COLORS.violet, values: history.kv_usage },
-    { name: "prefix-cache hit rate", color: COLORS.ok, values: history.prefix_hit_rate },
-  ], { yMax: 1, format: (v) => `${(v * 100).toFixed(0)}%` });
+    { name: "KV-pool use", color: "violet", values: history.kv_usage },
+    { name: "prefix-cache hit rate", color: "ok", values: history.prefix_hit_rate },
+  ], SHARE);
 }
 
 function renderCacheFigures(stats, history) {
@@ -97,10 +120,11 @@ function renderCacheFigures(stats, history) {
     ["Lookup p50", ms(cache.lookup_ms_p50), `p99 ${ms(cache.lookup_ms_p99)}, ${number(cache.over_budget)} over budget`],
   ]);
   lineChart($("#chart-hits"), history.time, [
-    { name: "exact", color: COLORS.ok, values: history.hit_rate_exact },
-    { name: "semantic", color: COLORS.accent, values: history.hit_rate_semantic },
-    { name: "merged", color: COLORS.violet, values: history.hit_rate_merged },
-  ], { yMax: 1, format: (v) => `${(v * 100).toFixed(0)}%` });
+    { name: "exact", color: "ok", values: history.hit_rate_exact },
+    { name: "semantic", color: "accent", values: history.hit_rate_semantic },
+    { name: "merged", color: "violet", values: history.hit_rate_merged },
+  ], SHARE);
+  lineChart($("#chart-entries"), history.time, [{ name: "entries", color: "accent", values: history.cache_entries }], { unit: "entries", format: (v) => v.toFixed(0) });
 }
 
 async function renderCacheTables() {
@@ -108,7 +132,7 @@ async function renderCacheTables() {
   const [top, entries] = await Promise.all([api("/cache/entries?order=hits&limit=10"), api(`/cache/entries?q=${query}&limit=100`)]);
   $("#top-entries tbody").replaceChildren(...top.filter((e) => e.hits > 0).map((entry) => {
     const row = document.createElement("tr");
-    row.append(cell(entry.question, "clip"), cell(number(entry.hits), "num"));
+    row.append(cell(entry.question), cell(number(entry.hits), "num"));
     return row;
   }));
   $("#cache-entries tbody").replaceChildren(...entries.map((entry) => {
@@ -119,19 +143,36 @@ async function renderCacheTables() {
     remove.onclick = async () => { await api(`/cache/entries/${entry.id}`, { method: "DELETE" }); refresh(); };
     const actions = document.createElement("td");
     actions.append(remove);
-    row.append(cell(entry.question, "clip"), cell(entry.answer, "clip"), cell(number(entry.hits), "num"), cell(when(entry.last_used_at)), actions);
+    row.append(cell(entry.question), cell(entry.answer), cell(number(entry.hits), "num"), dateCell(entry.last_used_at), actions);
     return row;
   }));
 }
 
 // Rows are rebuilt only when they change, so a refresh never pulls a row from under the pointer.
 let shownSessions = "";
+// Listings are numbered: one that answers after a later one (the filter changed meanwhile) is dropped.
+let sessionListings = 0;
+
+function sessionQuery() {
+  const query = new URLSearchParams({ limit: SESSIONS_PER_PAGE, offset: sessionOffset });
+  const filters = { q: $("#session-query").value.trim(), channel: $("#session-channel").value, state: $("#session-state").value };
+  for (const [name, value] of Object.entries(filters)) if (value) query.set(name, value);
+  return query;
+}
 
 async function renderSessions(kept) {
-  const list = await api("/sessions?limit=100");
+  const listing = ++sessionListings;
+  const list = await api(`/sessions?${sessionQuery()}`);
+  if (listing !== sessionListings) return;
   $("#sessions-title").textContent = `Sessions (${number(list.active)} active, ${number(list.total)} in all)`;
   $("#assistant-counts").textContent = `Assistant: ${number(kept.memories)} memories of ${number(kept.owners)} people · `
     + `${number(kept.reminders)} reminders · ${number(kept.prompts)} scheduled prompts`;
+  const shown = list.sessions.length;
+  $("#sessions-range").textContent = shown
+    ? `${number(sessionOffset + 1)}–${number(sessionOffset + shown)} of ${number(list.matching)}`
+    : `none of ${number(list.matching)}`;
+  $("#sessions-previous").disabled = sessionOffset === 0;
+  $("#sessions-next").disabled = sessionOffset + shown >= list.matching;
   const signature = JSON.stringify([list.sessions, openSession]);
   if (signature !== shownSessions) renderSessionRows(list.sessions);
   shownSessions = signature;
@@ -142,8 +183,19 @@ function renderSessionRows(sessions) {
   $("#session-list tbody").replaceChildren(...sessions.map((session) => {
     const row = document.createElement("tr");
     row.className = "clickable" + (session.id === openSession ? " selected" : "");
-    row.onclick = () => { openSession = session.id; refresh(); };
-    row.append(cell(session.key, "clip"), cell(session.state), cell(number(session.turns), "num"), cell(number(session.compressions), "num"), cell(when(session.last_active_at)));
+    row.onclick = async () => {
+      openSession = session.id;
+      await refresh();
+      $("#session-detail").scrollIntoView({ block: "nearest" });  // below the list on a phone
+    };
+    row.append(
+      cell(session.key),
+      cell(channelName(session.channel)),
+      cell(session.state),
+      cell(number(session.turns), "num"),
+      cell(number(session.compressions), "num"),
+      dateCell(session.last_active_at),
+    );
     return row;
   }));
 }
@@ -211,6 +263,24 @@ async function refresh() {
   }
 }
 
+function showSessionsFrom(offset) {
+  sessionOffset = offset;
+  refresh();
+}
+
+let searchTimer;
+$("#session-query").addEventListener("input", () => {
+  clearTimeout(searchTimer);
+  searchTimer = setTimeout(() => showSessionsFrom(0), SEARCH_DELAY_MS);
+});
+$("#session-filters").addEventListener("submit", (event) => {
+  event.preventDefault();
+  clearTimeout(searchTimer);
+  showSessionsFrom(0);
+});
+for (const select of ["#session-channel", "#session-state"]) $(select).addEventListener("change", () => showSessionsFrom(0));
+$("#sessions-previous").addEventListener("click", () => showSessionsFrom(Math.max(0, sessionOffset - SESSIONS_PER_PAGE)));
+$("#sessions-next").addEventListener("click", () => showSessionsFrom(sessionOffset + SESSIONS_PER_PAGE));
 $("#cache-search").addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
 $("#cache-flush").addEventListener("click", async () => {
   if (!confirm("Delete every cache entry?")) return;

@@ -1,0 +1,1 @@
+from tests.web.browser_support import browser  # noqa: F401  (a fixture of the browser tests)

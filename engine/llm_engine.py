@@ -166,6 +166,7 @@ class LLMEngine:
         scheduler = self.core.scheduler
         return EngineFigures(
             model=self.model_name,
+            num_parameters=self.num_parameters,
             is_demo_model=self.is_demo_model,
             device=str(self.device),
             dtype=str(self.dtype).removeprefix("torch."),

@@ -58,6 +58,7 @@ class RequestFigures:
 @dataclass(frozen=True)
 class EngineFigures:
     model: str
+    num_parameters: int | None  # None: a model server's, not known here
     is_demo_model: bool
     device: str
     dtype: str

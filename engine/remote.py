@@ -128,6 +128,7 @@ class RemoteEngine:
         queried, hit = self._prefix_queried_tokens, self._prefix_hit_tokens
         return EngineFigures(
             model=self.model_name,
+            num_parameters=self.num_parameters,
             is_demo_model=self.is_demo_model,
             device=f"remote {self.url}",
             dtype="remote",

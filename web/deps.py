@@ -1,9 +1,7 @@
 """Typed dependencies on what `build_app` put on `app.state`.
 
-`async`, though they never await: FastAPI runs a plain `def` dependency in its thread pool, and
-those thread hops, each waiting for the GIL while the engine thread holds it, added tens of
-milliseconds to every request under load (the remote backend's HTTP hop: +30 ms TTFT p50 with 8
-streams, bench/benchmark.py --remote)."""
+`async`, though they never await: FastAPI runs a plain `def` dependency in its thread pool, a
+thread hop (and a wait for the GIL the engine thread holds) for nothing but an attribute read."""
 
 from __future__ import annotations
 

@@ -54,6 +54,8 @@ def test_chat_twice_then_console_shows_the_hit(app: AppProcess, browser: Browser
     log_in(console, app.base_url, ADMIN_TOKEN)
     console.goto(f"{app.base_url}/admin#cache")
     playwright_api.expect(console.locator('.figure[data-figure="Exact hits"]')).to_be_visible()
+    # the model, its size and where it runs (the demo model: 20M parameters, most of them its embeddings)
+    playwright_api.expect(console.locator("#model")).to_have_text("builtin:tiny-qwen3 (20M parameters) on cpu")
     hits_before = figure(console, "Exact hits")
 
     chat.goto(app.base_url)

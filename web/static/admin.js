@@ -250,7 +250,8 @@ async function refresh() {
   for (const link of document.querySelectorAll("#tabs a")) link.classList.toggle("active", link.hash === `#${page}`);
   try {
     const [stats, history] = await Promise.all([api("/stats"), api("/history")]);
-    $("#model").textContent = `${stats.engine.model} on ${stats.engine.device}`;
+    const size = stats.engine.num_parameters ? ` (${number(stats.engine.num_parameters / 1e6, 0)}M parameters)` : "";
+    $("#model").textContent = `${stats.engine.model}${size} on ${stats.engine.device}`;
     $("#demo-warning").hidden = !stats.engine.is_demo_model;
     renderTransports(stats.transports);
     if (page === "overview") renderOverview(stats, history);

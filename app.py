@@ -21,7 +21,7 @@ import uvicorn
 from logging_setup import configure_logging
 from settings import ConfigError, Settings, anchored, load_settings
 from web.http_protocol import ReadTimeoutH11Protocol
-from web.starting import StartingApp, StartupError
+from web.starting import StartingApp
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -126,13 +126,9 @@ def port_holder(port: int) -> str | None:
 
 
 def build(settings: Settings) -> FastAPI:
-    from engine.remote import RemoteEngineError
     from wiring import build_app  # loads torch and faiss: only after configure_process()
 
-    try:
-        return build_app(settings)
-    except RemoteEngineError as exc:
-        raise StartupError(str(exc)) from None
+    return build_app(settings)
 
 
 if __name__ == "__main__":

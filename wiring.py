@@ -29,7 +29,7 @@ from chat.merging import RequestMerger
 from chat.summarizer import Summarizer
 from engine import LLMEngine, StreamDelta
 from engine.interface import Engine
-from engine.remote import RemoteEngine
+from engine.remote import RemoteEngine, RemoteEngineError
 from settings import Settings
 from storage import Database
 from storage.maintenance import run_maintenance
@@ -37,6 +37,7 @@ from web import admin, chat_page, completions_api, health, metrics, openai_api
 from web.admission import Admission
 from web.limits import BodySizeLimit, LoginThrottle, RateLimiter
 from web.monitor import Monitor
+from web.starting import StartupError
 from web.telemetry import RequestMetrics, Telemetry
 from web.templating import STATIC_DIR
 
@@ -60,9 +61,12 @@ def where_to_find(settings: Settings) -> str:
 
 
 def build_engine(settings: Settings) -> Engine:
-    if settings.engine.backend == "remote":
+    if settings.engine.backend == "local":
+        return LLMEngine(settings.engine.local())
+    try:
         return RemoteEngine(settings.engine.remote())
-    return LLMEngine(settings.engine.local())
+    except RemoteEngineError as exc:  # its message says it all: one line, no traceback
+        raise StartupError(str(exc)) from None
 
 
 def build_chat_manager(settings: Settings, engine: Engine, db: Database) -> ChatManager:

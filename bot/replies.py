@@ -18,7 +18,7 @@ from collections.abc import AsyncIterable, Sequence
 from typing import Any, Protocol
 
 from bot.feishu_api import FeishuApi, FeishuApiError
-from engine.remote import EngineUnavailable
+from chat import EngineUnavailable
 
 log = logging.getLogger(__name__)
 

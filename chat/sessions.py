@@ -341,9 +341,13 @@ class SessionStore:
         """(role, text) of the active session's user and assistant messages; none before the first."""
         return await asyncio.to_thread(session_rows.visible_messages, self.db, self.key(conversation))
 
-    async def page(self, limit: int, offset: int, query: SessionQuery | None = None) -> SessionPage:
-        """Sessions `query` matches (all without one), most recently active first."""
-        return await asyncio.to_thread(session_rows.page, self.db, limit, offset, query or SessionQuery())
+    async def page(
+        self, limit: int, offset: int, *, text: str = "", channel: str | None = None, state: str | None = None
+    ) -> SessionPage:
+        """The sessions with `text` in their key, chat or messages, of `channel`, in `state` (each
+        left out: any), most recently active first."""
+        query = SessionQuery(text=text, channel=channel, state=state)
+        return await asyncio.to_thread(session_rows.page, self.db, limit, offset, query)
 
     async def detail(self, session_id: int) -> SessionDetail | None:
         return await asyncio.to_thread(session_rows.detail, self.db, session_id)

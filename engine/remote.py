@@ -24,7 +24,7 @@ from .config import RemoteConfig
 from .kv_pool import KVPoolFigures
 from .metrics import EngineFigures, EngineMetrics, RequestFigures
 from .outputs import FinishReason, StreamDelta
-from .request import InputProcessor
+from .request import InputProcessor, checked_params
 from .sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -114,10 +114,7 @@ class RemoteEngine:
         request_id: str | None = None,
         priority: int | None = None,
     ) -> AsyncGenerator[StreamDelta]:
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        params.validate()
+        params = checked_params(params)
         prompt = self.inputs.validate_prompt(prompt_token_ids)
         if not self._started or self._stopped:
             raise RuntimeError("the engine is not running: start() it, or it was closed")

@@ -28,6 +28,15 @@ class Request:
     callback: OutputCallback | None
 
 
+def checked_params(params: SamplingParams | None) -> SamplingParams:
+    """`params` (the defaults for None), validated again: a caller may have changed a field."""
+    params = SamplingParams() if params is None else params
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+    params.validate()
+    return params
+
+
 class InputProcessor:
     """Checks a request in the caller's thread (ValueError, before anything is queued), then
     numbers and seeds it. Safe to call from any thread."""
@@ -46,10 +55,7 @@ class InputProcessor:
         priority: int | None,
         callback: OutputCallback | None,
     ) -> Request:
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
-        params.validate()
+        params = checked_params(params)
         token_ids = self.validate_prompt(prompt_token_ids)
         if priority is not None and (not isinstance(priority, int) or isinstance(priority, bool)):
             raise ValueError(f"priority must be an integer, got {priority!r}")

@@ -227,4 +227,4 @@ def test_bad_access_settings_name_the_key(tmp_path: Path, yaml: str, message: st
 
     with pytest.raises(ConfigError) as excinfo:
         load_settings(path)
-    assert str(excinfo.value).startswith(message)
+    assert str(excinfo.value).startswith(f"{tmp_path}/{message}")  # the file's whole path

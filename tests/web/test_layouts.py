@@ -28,8 +28,10 @@ expect = playwright_api.expect
 pytestmark = pytest.mark.browser
 
 MODEL = "builtin:tiny-qwen3"
-# Chat-page replies stream for seconds at this length: long enough to scroll, and to be stopped.
-LONG_REPLY_TOKENS = 400
+# Chat-page replies stream for seconds at this length: long enough to scroll, and to be stopped
+# before the server has finished. At 400 tokens a loaded CI machine's Chromium, lagging behind the
+# stream, clicked Stop after the server had stored the whole turn.
+LONG_REPLY_TOKENS = 1000
 VIEWPORTS = {390: 844, 1024: 768, 1280: 800, 1920: 1080}  # width: height
 # Each console tab, and what shows once its figures have arrived.
 TABS = {

@@ -13,7 +13,6 @@ from cache.response_cache import EntryView
 from chat.session_rows import SessionDetail, SessionPage
 from chat.turns import lone_surrogate_at
 from settings import Settings
-from storage import SessionQuery
 from web.admin.auth import require_admin
 from web.deps import AssistantCountsDep, ChatManagerDep, MonitorDep, SessionsDep, SettingsDep, TransportsDep
 from web.health import TransportStatus
@@ -91,7 +90,7 @@ async def sessions_page(
 ) -> SessionPage:
     if lone_surrogate_at(q) is not None:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "q is not valid Unicode.")
-    return await sessions.page(limit, offset, SessionQuery(text=q.strip(), channel=channel or None, state=state))
+    return await sessions.page(limit, offset, text=q.strip(), channel=channel or None, state=state)
 
 
 @router.get("/sessions/{session_id}")

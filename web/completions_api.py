@@ -71,18 +71,22 @@ def _deltas(engine: Engine, prompt: list[int], params: SamplingParams) -> AsyncG
     try:
         return engine.stream(prompt, params)
     except ValueError as exc:
-        raise WebError(400, f"The prompt cannot be served: {exc}.", param="prompt") from None
+        raise _refusal(exc) from None
 
 
 async def _refusing(work: Awaitable[T]) -> T:
-    """`work`, with an engine's refusal as an HTTP error: ValueError 400 (a remote engine's server
-    refused the prompt), RuntimeError 503 (it cannot be reached)."""
+    """`work`, with an engine's refusal as an HTTP error (a remote engine refuses as it streams)."""
     try:
         return await work
-    except ValueError as exc:
-        raise WebError(400, f"The prompt cannot be served: {exc}.", param="prompt") from None
-    except RuntimeError as exc:
-        raise WebError(503, f"The engine cannot serve now: {exc}.", type="server_error", code="engine_error") from None
+    except (ValueError, RuntimeError) as exc:
+        raise _refusal(exc) from None
+
+
+def _refusal(exc: ValueError | RuntimeError) -> WebError:
+    """ValueError: the prompt (400); RuntimeError: a remote engine's server cannot be reached (503)."""
+    if isinstance(exc, ValueError):
+        return WebError(400, f"The prompt cannot be served: {exc}.", param="prompt")
+    return WebError(503, f"The engine cannot serve now: {exc}.", type="server_error", code="engine_error")
 
 
 @router.post("/tokenize")

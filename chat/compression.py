@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -56,7 +55,7 @@ class Span:
     def digest(self, history: TokenHistory) -> str:
         digest = hashlib.blake2b(digest_size=16)
         for record in self.records:
-            digest.update(array("i", history.ids_of(record)).tobytes())
+            digest.update(history.ids_of(record).data)
         return digest.hexdigest()
 
 

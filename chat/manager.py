@@ -28,7 +28,7 @@ from chat.sessions import API_CHANNEL, Conversation, SessionState, SessionStore
 from chat.tool_calls import ToolUse
 from chat.transcripts import Transcript
 from chat.turns import InvalidMessage, Turn, TurnResult, require_unicode
-from engine import ChatFormat, Engine, SamplingParams, StreamDelta
+from engine import ChatFormat, Engine, SamplingParams, StreamDelta, TokenArray
 from settings import ContextSettings, GenerationSettings
 
 log = logging.getLogger(__name__)
@@ -238,7 +238,7 @@ class ChatManager:
         reply.first_text_at = time.perf_counter()
 
     async def _generate(
-        self, scope: Scope, request: _Request, prompt_ids: list[int]
+        self, scope: Scope, request: _Request, prompt_ids: TokenArray
     ) -> tuple[AsyncIterator[StreamDelta], bool]:
         """Engine deltas for this prompt, shared with a request already running that asks the same
         (the identical question, or a first question it paraphrases) if any."""

@@ -13,6 +13,7 @@ from .interface import Engine
 from .metrics import EngineFigures
 from .outputs import FinishReason, RequestOutput, StreamDelta
 from .sampling_params import SamplingParams
+from .token_ids import PromptIds, TokenArray
 
 if TYPE_CHECKING:
     from .llm_engine import LLMEngine
@@ -24,9 +25,11 @@ __all__ = [
     "EngineFigures",
     "FinishReason",
     "LLMEngine",
+    "PromptIds",
     "RequestOutput",
     "SamplingParams",
     "StreamDelta",
+    "TokenArray",
 ]
 
 

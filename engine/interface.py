@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .metrics import EngineFigures
     from .outputs import StreamDelta
     from .sampling_params import SamplingParams
+    from .token_ids import PromptIds
 
 
 class Engine(Protocol):
@@ -27,7 +28,7 @@ class Engine(Protocol):
 
     def stream(
         self,
-        prompt_token_ids: list[int],
+        prompt_token_ids: PromptIds,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         priority: int | None = None,

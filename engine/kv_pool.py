@@ -1,5 +1,4 @@
 import hashlib
-from array import array
 from dataclasses import dataclass
 
 from .sequence import Sequence
@@ -59,10 +58,11 @@ class FreeBlockQueue:
         self.num_blocks += 1
 
 
-def hash_block_tokens(parent_hash: bytes | None, token_ids: list[int]) -> bytes:
-    """Chained: a block's hash covers every token before it, so equal hashes mean equal prefixes."""
+def hash_block_tokens(parent_hash: bytes | None, token_ids: memoryview) -> bytes:
+    """Chained: a block's hash covers every token before it, so equal hashes mean equal prefixes.
+    Hashes the ids' int32 bytes."""
     digest = hashlib.sha256(parent_hash or b"")
-    digest.update(array("q", token_ids).tobytes())
+    digest.update(token_ids)
     return digest.digest()
 
 
@@ -203,7 +203,12 @@ class KVPool:
 
     def _block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
         hashes = seq.block_hashes
-        for i in range(len(hashes), num_blocks):
-            tokens = seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
-            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens))
+        first = len(hashes)
+        if first < num_blocks:
+            # one view of the new blocks' ids, sliced block by block: no Python int per token
+            tokens = seq.token_ids(first * self.block_size, num_blocks * self.block_size).data
+            for start in range(0, len(tokens), self.block_size):
+                hashes.append(
+                    hash_block_tokens(hashes[-1] if hashes else None, tokens[start : start + self.block_size])
+                )
         return hashes[:num_blocks]

@@ -1,7 +1,7 @@
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Self
@@ -17,6 +17,7 @@ from .metrics import EngineFigures, RequestFigures
 from .outputs import FinishReason, RequestOutput, StreamDelta
 from .request import InputProcessor, OutputCallback, Request
 from .sampling_params import SamplingParams
+from .token_ids import PromptIds
 from .weights import build_model, resolve_device, resolve_dtype
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ class LLMEngine:
 
     def add_request(
         self,
-        prompt_token_ids: list[int],
+        prompt_token_ids: PromptIds,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         *,
@@ -107,7 +108,7 @@ class LLMEngine:
                 self._lock.notify()
 
     def generate(
-        self, prompt_token_ids: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None
+        self, prompt_token_ids: Sequence[PromptIds], params: SamplingParams | list[SamplingParams] | None = None
     ) -> list[RequestOutput]:
         """Runs the prompts together and blocks until all are done; outputs in prompt order."""
         params_list = params if isinstance(params, list) else [params] * len(prompt_token_ids)
@@ -127,7 +128,7 @@ class LLMEngine:
 
     def stream(
         self,
-        prompt_token_ids: list[int],
+        prompt_token_ids: PromptIds,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         priority: int | None = None,
@@ -197,7 +198,7 @@ class LLMEngine:
 
     def _make_request(
         self,
-        prompt_token_ids: list[int],
+        prompt_token_ids: PromptIds,
         params: SamplingParams | None,
         request_id: str | None,
         priority: int | None,

@@ -1,7 +1,9 @@
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from .attention import AttentionMetadata, DecodeBucket, PrefillSpan
 from .config import EngineConfig
@@ -71,32 +73,47 @@ class ModelRunner:
     def prepare(self, scheduled: ScheduledBatch) -> ModelInput:
         decodes = sorted((seq for seq, n in scheduled if n == 1), key=lambda s: s.num_computed_tokens, reverse=True)
         prefills = [(seq, n) for seq, n in scheduled if n > 1]
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        logits_indices: list[int] = []
-        sample_seqs: list[Sequence] = []
+        # a decode is one token: Python ints; a prefill span is many: numpy, no int per token
+        input_ids = [np.array([seq.token_id(seq.num_computed_tokens) for seq in decodes], np.int32)]
+        positions = [np.array([seq.num_computed_tokens for seq in decodes], np.int64)]
+        slots = [np.array([self._slot(seq, seq.num_computed_tokens) for seq in decodes], np.int64)]
+        logits_indices = [i for i, seq in enumerate(decodes) if seq.num_computed_tokens + 1 == seq.num_tokens]
+        sample_seqs = [decodes[i] for i in logits_indices]
         spans = []
-        for seq, num_new_tokens in [(seq, 1) for seq in decodes] + prefills:
+        offset = len(decodes)
+        for seq, num_new_tokens in prefills:
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
-            assert len(seq.block_table) == cdiv(end, self.block_size)
-            spans.append((len(input_ids), seq, start, end))
-            input_ids.extend(seq.token_ids[start:end])
-            positions.extend(range(start, end))
-            slots.extend(
-                seq.block_table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end)
-            )
+            span_positions = np.arange(start, end)
+            input_ids.append(seq.token_ids(start, end))
+            positions.append(span_positions)
+            slots.append(self._slots(seq, span_positions))
+            spans.append(self._prefill_span(offset, seq, start, end))
+            offset += num_new_tokens
             if end == seq.num_tokens:
-                logits_indices.append(len(input_ids) - 1)
+                logits_indices.append(offset - 1)
                 sample_seqs.append(seq)
         meta = AttentionMetadata(
-            slot_mapping=self._tensor(slots),
+            slot_mapping=self._tensor(np.concatenate(slots)),
             decodes=self._decode_buckets(decodes),
-            prefills=[self._prefill_span(*span) for span in spans[len(decodes) :]],
+            prefills=spans,
         )
         return ModelInput(
-            self._tensor(input_ids), self._tensor(positions), meta, self._tensor(logits_indices), sample_seqs
+            self._tensor(np.concatenate(input_ids)),
+            self._tensor(np.concatenate(positions)),
+            meta,
+            self._tensor(logits_indices),
+            sample_seqs,
         )
+
+    def _slot(self, seq: Sequence, position: int) -> int:
+        """Where the KV of `seq`'s token at `position`, its last this step, goes in the pool."""
+        assert len(seq.block_table) == cdiv(position + 1, self.block_size)
+        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def _slots(self, seq: Sequence, positions: NDArray[np.int64]) -> NDArray[np.int64]:
+        """`_slot` for a span of positions, its last this step."""
+        assert len(seq.block_table) == cdiv(int(positions[-1]) + 1, self.block_size)
+        return np.array(seq.block_table)[positions // self.block_size] * self.block_size + positions % self.block_size
 
     def _decode_buckets(self, decodes: list[Sequence]) -> list[DecodeBucket]:
         """`decodes` is sorted longest first. A bucket ends where a context is under 3/4 of its
@@ -124,5 +141,5 @@ class ModelRunner:
             )
         return PrefillSpan(offset, offset + end - start, end, self._tensor(seq.block_table), mask)
 
-    def _tensor(self, values: list) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+    def _tensor(self, values: list[int] | list[list[int]] | NDArray[np.integer]) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=torch.long, device=self.device)

@@ -26,6 +26,7 @@ from .metrics import EngineFigures, EngineMetrics, RequestFigures
 from .outputs import FinishReason, StreamDelta
 from .request import InputProcessor, checked_params
 from .sampling_params import SamplingParams
+from .token_ids import PromptIds, TokenArray
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class RemoteEngine:
 
     def stream(
         self,
-        prompt_token_ids: list[int],
+        prompt_token_ids: PromptIds,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         priority: int | None = None,
@@ -197,10 +198,10 @@ class RemoteEngine:
 
     # --- requests -------------------------------------------------------------------------------
 
-    def _body(self, prompt: list[int], params: SamplingParams, priority: int | None) -> dict[str, Any]:
+    def _body(self, prompt: TokenArray, params: SamplingParams, priority: int | None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model_name,
-            "prompt": prompt,
+            "prompt": prompt.tolist(),  # JSON has no arrays of int32
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
             "top_p": params.top_p,

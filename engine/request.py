@@ -1,7 +1,6 @@
 """What a caller hands in, checked and made into a Sequence plus the detokenizer for its text."""
 
 import itertools
-import operator
 import random
 import uuid
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from .detokenizer import IncrementalDetokenizer
 from .outputs import RequestOutput, StreamDelta
 from .sampling_params import SamplingParams
 from .sequence import Sequence
+from .token_ids import PromptIds, TokenArray, as_token_array
 
 SEED_MASK = (1 << 63) - 1
 
@@ -49,7 +49,7 @@ class InputProcessor:
 
     def process(
         self,
-        prompt_token_ids: list[int],
+        prompt_token_ids: PromptIds,
         params: SamplingParams | None,
         request_id: str | None,
         priority: int | None,
@@ -61,7 +61,7 @@ class InputProcessor:
             raise ValueError(f"priority must be an integer, got {priority!r}")
         seq = Sequence(
             request_id=uuid.uuid4().hex if request_id is None else str(request_id),
-            token_ids=token_ids,
+            prompt_token_ids=token_ids,
             params=params,
             priority=params.priority if priority is None else priority,
             arrival=next(self._arrivals),
@@ -69,21 +69,13 @@ class InputProcessor:
         )
         return Request(seq, IncrementalDetokenizer(self.tokenizer, params.stop), callback)
 
-    def validate_prompt(self, prompt_token_ids: list[int]) -> list[int]:
-        try:
-            token_ids = [operator.index(t) for t in prompt_token_ids]
-        except TypeError:
-            raise ValueError("prompt_token_ids must be a list of integer token ids") from None
-        if not token_ids:
-            raise ValueError("prompt_token_ids is empty: a prompt needs at least one token")
+    def validate_prompt(self, prompt_token_ids: PromptIds) -> TokenArray:
+        """The prompt as the int32 array the engine keeps: the caller's own when it is one, so it
+        must not change while the request runs (a TokenHistory's prompt is a new array)."""
+        token_ids = as_token_array(prompt_token_ids, self.vocab_size)
         if len(token_ids) >= self.max_model_len:
             raise ValueError(
                 f"the prompt has {len(token_ids)} tokens; this engine takes at most {self.max_model_len - 1} "
                 f"(max_model_len {self.max_model_len}, leaving room for one generated token)"
-            )
-        bad = next((i for i, t in enumerate(token_ids) if not 0 <= t < self.vocab_size), None)
-        if bad is not None:
-            raise ValueError(
-                f"token id {token_ids[bad]} at position {bad} is outside the vocabulary [0, {self.vocab_size})"
             )
         return token_ids

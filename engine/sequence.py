@@ -2,8 +2,11 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
+import numpy as np
+
 from .outputs import FinishReason
 from .sampling_params import SamplingParams
+from .token_ids import TokenArray
 
 
 class SequenceStatus(Enum):
@@ -14,15 +17,19 @@ class SequenceStatus(Enum):
 
 @dataclass(eq=False)
 class Sequence:
-    """One request: its tokens, where their KV lives, and how far the model has got."""
+    """One request: its tokens, where their KV lives, and how far the model has got.
+
+    The prompt stays the int32 array the caller handed in, never copied into a list; the ids
+    generated, a few hundred appended one at a time, go to a list.
+    """
 
     request_id: str
-    token_ids: list[int]
+    prompt_token_ids: TokenArray
     params: SamplingParams
     priority: int
     arrival: int
     seed: int
-    num_prompt_tokens: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
@@ -33,24 +40,40 @@ class Sequence:
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
 
-    def __post_init__(self) -> None:
-        self.num_prompt_tokens = len(self.token_ids)
-
     @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        return len(self.output_token_ids)
 
     @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens :]
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
         return self.num_tokens - self.num_computed_tokens
+
+    def token_ids(self, start: int, end: int) -> TokenArray:
+        """Tokens [start, end): a view of the prompt, or a new array where generated ids come in
+        (a preempted sequence computes them again)."""
+        num_prompt_tokens = self.num_prompt_tokens
+        if end <= num_prompt_tokens:
+            return self.prompt_token_ids[start:end]
+        generated = np.array(
+            self.output_token_ids[max(start - num_prompt_tokens, 0) : end - num_prompt_tokens], np.int32
+        )
+        if start >= num_prompt_tokens:
+            return generated
+        return np.concatenate((self.prompt_token_ids[start:], generated))
+
+    def token_id(self, position: int) -> int:
+        num_prompt_tokens = self.num_prompt_tokens
+        if position < num_prompt_tokens:
+            return int(self.prompt_token_ids[position])
+        return self.output_token_ids[position - num_prompt_tokens]
 
     @property
     def sort_key(self) -> tuple[int, int]:
@@ -67,4 +90,4 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         if self.first_token_time is None:
             self.first_token_time = time.monotonic()
-        self.token_ids.append(token_id)
+        self.output_token_ids.append(token_id)

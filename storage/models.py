@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from array import array
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
+import numpy as np
+from numpy.typing import NDArray
 from sqlalchemy import (
     JSON,
     DateTime,
@@ -44,28 +45,20 @@ class UTCDateTime(TypeDecorator[datetime]):
         return None if value is None else value.replace(tzinfo=UTC)
 
 
-class TokenIds(TypeDecorator[list[int]]):
-    """Token ids as packed little-endian uint32: 4 bytes a token, no JSON parsing on restore."""
+class TokenIds(TypeDecorator[NDArray[np.uint32]]):
+    """Token ids as packed little-endian uint32: 4 bytes a token. Read back as one read-only
+    `frombuffer` over the row's bytes, no int per token; written from any sequence of ids."""
 
     impl = LargeBinary
     cache_ok = True
 
-    def process_bind_param(self, value: list[int] | None, dialect: object) -> bytes | None:
+    def process_bind_param(self, value: Sequence[int] | NDArray[np.integer] | None, dialect: object) -> bytes | None:
         if value is None:
             return None
-        packed = array("I", value)
-        if sys.byteorder != "little":
-            packed.byteswap()
-        return packed.tobytes()
+        return np.asarray(value, dtype="<u4").tobytes()
 
-    def process_result_value(self, value: bytes | None, dialect: object) -> list[int] | None:
-        if value is None:
-            return None
-        packed = array("I")
-        packed.frombytes(value)
-        if sys.byteorder != "little":
-            packed.byteswap()
-        return packed.tolist()
+    def process_result_value(self, value: bytes | None, dialect: object) -> NDArray[np.uint32] | None:
+        return None if value is None else np.frombuffer(value, dtype="<u4")
 
 
 class Base(DeclarativeBase):
@@ -141,7 +134,7 @@ class Message(Base):
     turn_index: Mapped[int] = mapped_column(Integer)
     role: Mapped[str] = mapped_column(String(16))
     text: Mapped[str] = mapped_column(Text)
-    token_ids: Mapped[list[int]] = mapped_column(TokenIds)
+    token_ids: Mapped[NDArray[np.uint32]] = mapped_column(TokenIds)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     session: Mapped[ChatSession] = relationship(back_populates="messages")

@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import numpy as np
+from numpy.typing import NDArray
 from sqlalchemy import ColumnElement, CursorResult, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
@@ -134,7 +136,16 @@ class MessageRepository:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def add(self, session_id: int, *, seq: int, turn_index: int, role: str, text: str, token_ids: list[int]) -> Message:
+    def add(
+        self,
+        session_id: int,
+        *,
+        seq: int,
+        turn_index: int,
+        role: str,
+        text: str,
+        token_ids: Sequence[int] | NDArray[np.integer],
+    ) -> Message:
         message = Message(
             session_id=session_id, seq=seq, turn_index=turn_index, role=role, text=text, token_ids=token_ids
         )

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 
 ROOT = Path(__file__).resolve().parent.parent
+TEST_DATA = ROOT / "tests" / "data"  # files the tests read, described in its README
 
 # The demo model is seeded, so one copy serves every test run on this machine.
 SHARED_DATA_DIR = Path(tempfile.gettempdir()) / "clawdbot-test-data"

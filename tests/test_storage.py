@@ -80,7 +80,7 @@ def test_messages_keep_token_ids_exactly(db: Database) -> None:
         session_id = chat_session.id
     with db.session() as session:
         [message] = MessageRepository(session).of_session(session_id)
-        assert message.token_ids == ids
+        assert message.token_ids.tolist() == ids
         assert message.text == "你好"
         assert message.created_at.tzinfo is not None
 

@@ -137,4 +137,4 @@ async def test_a_turn_with_memories_puts_them_in_the_users_message_and_skips_the
     assert state is not None
     user = next(record for record in state.history.records if record.role == "user")
     expected = manager.chat_format.message("user", with_notes("where is my desk?", ["my desk is 4F-12"]))
-    assert state.history.ids_of(user) == expected and user.text == "where is my desk?"
+    assert state.history.ids_of(user).tolist() == expected and user.text == "where is my desk?"

@@ -63,7 +63,7 @@ def history_ids(app: AppServer, fresh: bool) -> tuple[list[str], list[int]]:
         loaded = sessions.loaded(conversation)
         assert loaded is not None
         state = loaded
-    return [record.text for record in state.history.records if record.role == "user"], state.history.token_ids
+    return [record.text for record in state.history.records if record.role == "user"], state.history.token_ids.tolist()
 
 
 def holds(cache: ResponseCache, question: str) -> bool:

@@ -5,12 +5,11 @@ import pytest
 
 from cache.__main__ import main
 from cache.calibration import LabelledPair, Point, curve, load_pairs, lowest_threshold, recommended_threshold
-
-DATA = Path(__file__).resolve().parent.parent / "data"
+from tests.support import TEST_DATA
 
 
 def test_shipped_pair_set_is_balanced_and_bilingual() -> None:
-    pairs = load_pairs(DATA / "cache_pairs.tsv")
+    pairs = load_pairs(TEST_DATA / "cache_pairs.tsv")
     assert len(pairs) >= 300
     assert abs(sum(p.same for p in pairs) - len(pairs) / 2) < 10
     assert all(p.kind == "hard" for p in pairs if not p.same)

@@ -1,15 +1,15 @@
 import re
 from dataclasses import dataclass
 from itertools import pairwise
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cache.pii import contains_pii, find_pii, id_card_valid, luhn_valid, scrub
+from tests.support import TEST_DATA
 
-PROBES = Path(__file__).resolve().parent.parent / "data" / "pii_probes.tsv"
+PROBES = TEST_DATA / "pii_probes.tsv"
 
 VALID_ID = "11010519491231002X"
 VALID_CARD = "6222 0212 3456 7894"  # Luhn-valid

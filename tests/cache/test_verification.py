@@ -15,9 +15,13 @@ from cache.embeddings import Embedder
 from cache.keys import embedded_text, normalize, scope_key
 from cache.verify import WEIGHTS_PATH, Verifier, load_verifier
 from cache.words import Words, opposed, reordered_across_marker
+from tests.support import TEST_DATA
 
-DATA = Path(__file__).resolve().parent.parent / "data"
-TRAINING_FILES = [DATA / "cache_pairs_v2.tsv", DATA / "cache_pairs.tsv", DATA / "cache_pairs_holdout.tsv"]
+TRAINING_FILES = [
+    TEST_DATA / "cache_pairs_v2.tsv",
+    TEST_DATA / "cache_pairs.tsv",
+    TEST_DATA / "cache_pairs_holdout.tsv",
+]
 
 # One answer would be wrong for the other: each hard-negative kind of the v2 set.
 HARD_NEGATIVES = [
@@ -78,7 +82,7 @@ def similarity(embedder: Embedder, question_a: str, question_b: str) -> float:
 
 
 def test_the_examples_are_in_neither_split() -> None:
-    pairs = load_pairs(DATA / "cache_pairs_v2.tsv")
+    pairs = load_pairs(TEST_DATA / "cache_pairs_v2.tsv")
     written = {normalize(q) for pair in pairs for q in (pair.question_a, pair.question_b)}
     ours = {normalize(q) for _, a, b in examples() for q in (a, b)}
     assert not written & ours

@@ -31,9 +31,9 @@ async def test_prompt_is_append_only_and_the_prefix_cache_hits(managers: Manager
     manager = await managers()
     first = await ask(manager, ALICE, "What is a paged KV cache?")
     state = session_of(manager, ALICE)
-    after_first = state.history.token_ids.copy()
+    after_first = state.history.token_ids.tolist()
     second = await ask(manager, ALICE, "And why does prefix caching help multi-turn chat?")
-    after_second = state.history.token_ids
+    after_second = state.history.token_ids.tolist()
 
     assert after_second[: len(after_first)] == after_first
     assert second.prompt_tokens > len(after_first)
@@ -50,7 +50,7 @@ async def test_restart_restores_identical_ids(managers: ManagerFactory) -> None:
 
     restarted = await managers()
     state = await restarted.sessions.open(ALICE)
-    assert state.history.token_ids == before.token_ids
+    assert state.history.token_ids.tolist() == before.token_ids.tolist()
     assert [(r.role, r.seq, r.turn_index, r.text) for r in state.history.records] == [
         (r.role, r.seq, r.turn_index, r.text) for r in before.records
     ]
@@ -115,7 +115,7 @@ async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers:
     manager = await managers()
     await ask(manager, ALICE, "first question")
     state = session_of(manager, ALICE)
-    before = state.history.token_ids
+    before = state.history.token_ids.tolist()
     with db.sql_engine.begin() as connection:  # the user message is written, then the reply's insert fails
         for statement in FAILING_REPLY_INSERT[db.url.get_backend_name()]:
             connection.execute(sql(statement))
@@ -125,7 +125,7 @@ async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers:
     with db.session() as session:
         assert [m.text for m in session.query(Message).order_by(Message.seq)][0::2] == ["first question"]
         assert session.query(Message).count() == 2
-    assert state.history.token_ids == before
+    assert state.history.token_ids.tolist() == before
 
     with db.sql_engine.begin() as connection:
         connection.execute(
@@ -137,7 +137,7 @@ async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers:
     restarted = await managers()  # and a restart agrees with what is in memory
     assert restarted.sessions.loaded(ALICE) is None
     restored = await restarted.sessions.open(ALICE)
-    assert restored.history.token_ids == state.history.token_ids
+    assert restored.history.token_ids.tolist() == state.history.token_ids.tolist()
 
 
 async def test_reset_starts_a_new_session_and_keeps_the_old_one(managers: ManagerFactory, db: Database) -> None:
@@ -231,7 +231,7 @@ async def test_compression_keeps_the_relevant_fact_and_summarizes_the_rest(
     following = await ask(manager, ALICE, "And one more thing.")
     assert not following.compressed and following.cached_tokens >= state.history.num_tokens // 2
     restored = await (await managers(context=context)).sessions.open(ALICE)
-    assert restored.history.token_ids == state.history.token_ids
+    assert restored.history.token_ids.tolist() == state.history.token_ids.tolist()
 
 
 async def test_budget_is_honoured_on_every_turn(managers: ManagerFactory) -> None:
@@ -324,7 +324,7 @@ async def test_identical_concurrent_questions_share_one_engine_request(managers:
     assert sorted(result.cache_level for result in results) == sorted([CacheLevel.MISS] + [CacheLevel.MERGED] * 19)
     assert manager.figures().merging.merged == 19
     # each chat's history holds the shared reply's exact ids
-    ids = {tuple(session_of(manager, chat).history.token_ids) for chat in chats}
+    ids = {tuple(session_of(manager, chat).history.token_ids.tolist()) for chat in chats}
     assert len(ids) == 1
 
 
@@ -391,7 +391,7 @@ async def test_compression_runs_ahead_of_the_next_turn(managers: ManagerFactory)
     assert all(result.prompt_tokens <= context.max_prompt_tokens for result in results)
     assert state.history.num_tokens < context.max_prompt_tokens * context.compress_ahead_ratio
     restored = await (await managers(context=context)).sessions.open(BOB)
-    assert restored.history.token_ids == state.history.token_ids
+    assert restored.history.token_ids.tolist() == state.history.token_ids.tolist()
 
 
 async def test_a_turn_never_waits_for_a_compression_planned_ahead(managers: ManagerFactory) -> None:
@@ -412,7 +412,7 @@ async def test_a_turn_never_waits_for_a_compression_planned_ahead(managers: Mana
     # the plan made before the late turn was stale; the one stored kept the late turn
     assert state.history.records[-2].text == "And one more note while it plans."
     restored = await (await managers(context=context)).sessions.open(BOB)
-    assert restored.history.token_ids == state.history.token_ids
+    assert restored.history.token_ids.tolist() == state.history.token_ids.tolist()
 
 
 async def test_every_finished_turn_reaches_the_observers(managers: ManagerFactory) -> None:
@@ -533,7 +533,7 @@ async def test_sessions_in_memory_are_bounded_and_reloaded_on_their_next_turn(ma
     store.capacity = 2
     await ask(manager, ALICE, "first question")
     alice = session_of(manager, ALICE)
-    before = alice.history.token_ids
+    before = alice.history.token_ids.tolist()
     await ask(manager, BOB, "first question")
     async with store.locked(BOB):  # a session whose lock is held stays, whatever its age
         for name in ("carol", "dave"):
@@ -545,4 +545,4 @@ async def test_sessions_in_memory_are_bounded_and_reloaded_on_their_next_turn(ma
     second = await ask(manager, ALICE, "second question")
     reloaded = session_of(manager, ALICE)
     assert second.session_id == alice.id and reloaded.next_turn == 2
-    assert reloaded.history.token_ids[: len(before)] == before
+    assert reloaded.history.token_ids.tolist()[: len(before)] == before

@@ -46,7 +46,7 @@ async def test_a_paraphrase_joins_the_generation_of_the_question_it_rewords(mana
     # Bob's history holds his own words and the shared reply, ids and all.
     ann, bob = session_of(manager, chat("ann")).history, session_of(manager, chat("bob")).history
     assert [record.text for record in bob.records[-2:]] == ["明天北京的天气怎么样？", first.reply]
-    assert bob.ids_of(bob.records[-1]) == ann.ids_of(ann.records[-1])
+    assert bob.ids_of(bob.records[-1]).tolist() == ann.ids_of(ann.records[-1]).tolist()
 
 
 async def test_a_hard_negative_gets_its_own_generation(managers: ManagerFactory) -> None:

@@ -38,7 +38,7 @@ async def replicas(managers: ManagerFactory) -> AsyncIterator[tuple[ChatManager,
 async def fresh_history_ids(manager: ChatManager, conversation: Conversation) -> list[int]:
     """The session's ids as a replica that never saw it loads them."""
     fresh = SessionStore(manager.sessions.db, manager.sessions.chat_format, manager.sessions.settings)
-    return (await fresh.open(conversation)).history.token_ids
+    return (await fresh.open(conversation)).history.token_ids.tolist()
 
 
 async def test_a_conversation_alternating_between_replicas_keeps_its_whole_history(
@@ -52,7 +52,7 @@ async def test_a_conversation_alternating_between_replicas_keeps_its_whole_histo
         history = session_of(replica, ANN).history
         said = [record.text for record in history.records if record.role == "user"]
         assert said == questions[: number + 1]  # every earlier turn, whichever replica answered it
-        assert history.token_ids == await fresh_history_ids(replica, ANN)
+        assert history.token_ids.tolist() == await fresh_history_ids(replica, ANN)
     assert session_of(first, ANN).id == session_of(second, ANN).id
 
 
@@ -67,7 +67,7 @@ async def test_a_reset_on_one_replica_starts_the_new_session_on_the_other(
     history = session_of(second, ANN).history
     assert [record.text for record in history.records if record.role == "user"] == ["Which numbers?"]
     assert result.session_id == session_of(second, ANN).id != before
-    assert await fresh_history_ids(second, ANN) == history.token_ids
+    assert await fresh_history_ids(second, ANN) == history.token_ids.tolist()
 
 
 async def test_turns_of_one_session_on_two_replicas_at_once_take_turns(
@@ -86,4 +86,4 @@ async def test_turns_of_one_session_on_two_replicas_at_once_take_turns(
     said = [record.text for record in session_of(later, ANN).history.records if record.role == "user"]
     assert said[:2] == ["Hello.", "Hello again."]
     assert sorted(said[2:]) == ["Question from the first.", "Question from the second."]  # one after the other
-    assert session_of(later, ANN).history.token_ids == await fresh_history_ids(later, ANN)
+    assert session_of(later, ANN).history.token_ids.tolist() == await fresh_history_ids(later, ANN)

@@ -162,7 +162,7 @@ async def test_a_transcript_with_calls_and_results_seeds_a_session_that_its_foll
     first = await manager.turn_for_transcript(conversation, tools=tools).collect()
     with db.session() as session:
         stored = MessageRepository(session).of_session(first.session_id)
-        seeded = [(m.role, m.text, m.token_ids) for m in stored[:3]]
+        seeded = [(m.role, m.text, m.token_ids.tolist()) for m in stored[:3]]
     framed = conversation.framed(chat_format, TOOLS).messages
     assert seeded == [
         ("user", QUESTION.content, chat_format.message("user", QUESTION.content)),
@@ -193,7 +193,7 @@ async def test_a_named_tool_choice_starts_the_reply_and_what_the_model_wrote_is_
     with db.session() as session:
         answer = MessageRepository(session).of_session(turn.result.session_id)[-1]
     started = [*manager.chat_format.generation_prompt, *manager.chat_format.encode(opening)]
-    assert answer.text == reply and answer.token_ids[: len(started)] == started
+    assert answer.text == reply and answer.token_ids[: len(started)].tolist() == started
     parsed = parse(reply)
     assert [call.name for call in parsed.calls] in ([], ["ping"])
     assert parsed.calls or parsed.content == reply.strip()

@@ -1,5 +1,6 @@
 from typing import Protocol
 
+import numpy as np
 import pytest
 
 from engine import SamplingParams
@@ -20,7 +21,7 @@ def new_seq() -> NewSeq:
     def make(token_ids: list[int], priority: int = 0) -> Sequence:
         return Sequence(
             request_id=f"r{token_ids[:3]}",
-            token_ids=list(token_ids),
+            prompt_token_ids=np.array(token_ids, np.int32),
             params=SamplingParams(),
             priority=priority,
             arrival=next(arrivals),

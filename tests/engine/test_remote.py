@@ -91,7 +91,7 @@ async def test_a_conversation_through_the_chat_manager_hits_the_servers_prefix_c
 ) -> None:
     manager = await ManagerFactory(remote, embedder, db)()
     first = await ask(manager, ALICE, "What does a paged KV pool do?")
-    after_first = list(session_of(manager, ALICE).history.token_ids)
+    after_first = session_of(manager, ALICE).history.token_ids.tolist()
     second = await ask(manager, ALICE, "And why does prefix caching help a long chat?")
     third = await ask(manager, ALICE, "Say it once more, shorter.")
     await manager.close()

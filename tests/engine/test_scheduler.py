@@ -1,5 +1,6 @@
 from typing import Protocol
 
+import numpy as np
 import pytest
 
 from engine import EngineConfig, SamplingParams
@@ -22,7 +23,7 @@ def new_seq() -> NewSeq:
         arrival = next(arrivals)
         return Sequence(
             request_id=f"r{arrival}",
-            token_ids=list(range(first_token, first_token + num_tokens)),
+            prompt_token_ids=np.arange(first_token, first_token + num_tokens, dtype=np.int32),
             params=SamplingParams(),
             priority=priority,
             arrival=arrival,

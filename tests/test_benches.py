@@ -22,9 +22,14 @@ def run_bench(script: str, *args: str, timeout: float = 600) -> dict[str, Any]:
 
 
 def test_history_bench() -> None:
-    figures = run_bench("history_bench.py", "--turns", "5", "--repeat", "5")
+    figures = run_bench(
+        "history_bench.py", "--turns", "5", "--repeat", "5", "--sessions", "20", "--session-tokens", "2000"
+    )
     assert figures["speedup_vs_naive"] > 1
     assert figures["prompt_tokens"] > 0
+    # the buffers grow by an eighth: at most 4.5 bytes a token, against ~40 for lists of ints
+    assert figures["ids_bytes_per_token"] <= 4.5 < figures["history_bytes_per_token"] < figures["list_bytes_per_token"]
+    assert figures["admission_ms_array"] > 0 and figures["admission_ms_list"] > 0
 
 
 def test_cache_bench() -> None:

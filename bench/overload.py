@@ -13,23 +13,32 @@ statuses, the 429s and how fast they came, /healthz latency, RSS before and afte
 lookup p99 and the embedder's forwards, and how long after the burst the engine had nothing
 running or waiting and every KV block free. The last line is JSON; the issue's targets are in
 `targets`.
+
+The clients share the app's two cores, so they are kept cheap: the burst goes through aiohttp
+(its parser is C; httpx's pool bookkeeping took more CPU than the app's event loop at 300
+connections), and /healthz is probed from a process of its own, as a load balancer would, so its
+latency is the app's and not the burst client's event loop.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
+import multiprocessing
 import secrets
 import sys
 import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 import numpy as np
 from benchmark import DEFAULT_DATA_DIR, DEMO_MODEL, app_process, free_port
 from client import ApiClient, Target
@@ -56,6 +65,47 @@ class Burst:
     healthz_s: list[float] = field(default_factory=list)
 
 
+class HealthzProbe:
+    """GET /healthz every HEALTHZ_EVERY_S from a process of its own, a new connection each time,
+    while the block runs; `latencies_s` afterwards. The block starts once the process probes."""
+
+    def __init__(self, port: int) -> None:
+        # spawned, not forked: a fork of this process would copy its event loop's threads' locks
+        context = multiprocessing.get_context("spawn")
+        self.latencies_s: list[float] = []
+        self._stop = context.Event()
+        self._receiver, sender = context.Pipe(duplex=False)
+        self._process = context.Process(target=_probe, args=(port, self._stop, sender), daemon=True)
+
+    def __enter__(self) -> HealthzProbe:
+        self._process.start()
+        self._receiver.recv()  # its first probe answered
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self.latencies_s = self._receiver.recv()
+        self._process.join()
+
+
+def _probe(port: int, stop: Event, results: Connection) -> None:
+    def once() -> float:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        started = time.perf_counter()
+        connection.request("GET", "/healthz")
+        connection.getresponse().read()
+        connection.close()
+        return time.perf_counter() - started
+
+    once()
+    results.send("ready")
+    latencies = []
+    while not stop.is_set():
+        latencies.append(once())
+        stop.wait(HEALTHZ_EVERY_S)
+    results.send(latencies)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     admin_token = secrets.token_urlsafe(16)
@@ -64,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(scratch)
         with app_process(app_config(args, port, workdir), workdir, admin_token) as process:
             target = Target(f"http://127.0.0.1:{port}", admin_token=admin_token)
-            summary = asyncio.run(overload(args, target, process.pid))
+            summary = asyncio.run(overload(args, target, process.pid, port))
     print(json.dumps(summary))
     return 0
 
@@ -77,6 +127,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--max-num-seqs", type=int, default=16, help="engine.max_num_seqs (default 16)")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens a completed reply asks for (default 16)")
+    parser.add_argument(
+        "--lookup-budget-ms", type=int, default=250, help="cache.lookup_budget_ms of the app it starts (default 250)"
+    )
     parser.add_argument("--model", default=DEMO_MODEL, help=f"engine.model (default {DEMO_MODEL})")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="engine.data_dir")
     args = parser.parse_args(argv)
@@ -93,21 +146,24 @@ def app_config(args: argparse.Namespace, port: int, workdir: Path) -> dict[str, 
         "engine": {"model": args.model, "data_dir": str(args.data_dir), "max_num_seqs": args.max_num_seqs},
         "generation": {"temperature": 0, "max_tokens": args.max_tokens, "max_reply_tokens": MAX_REPLY_TOKENS},
         "api": {"max_queued_requests": args.max_queued},
+        "cache": {"lookup_budget_ms": args.lookup_budget_ms},
         "limits": {"requests_per_minute": 0},
     }
 
 
-async def overload(args: argparse.Namespace, target: Target, pid: int) -> dict[str, Any]:
+async def overload(args: argparse.Namespace, target: Target, pid: int, port: int) -> dict[str, Any]:
     async with ApiClient(target, args.max_tokens) as client:
         await seed_cache(client)
         before = await stats(client)
         rss_before = rss_mb(pid)
         burst = Burst()
-        probing = asyncio.create_task(probe_healthz(client.http, burst))
-        started = time.perf_counter()
-        await asyncio.gather(*(request(client, i, burst) for i in range(args.concurrency)))
-        burst_s = time.perf_counter() - started
-        probing.cancel()
+        connector = aiohttp.TCPConnector(limit=0)  # one connection per client, as 300 users would have
+        async with aiohttp.ClientSession(target.url, connector=connector) as http:
+            with HealthzProbe(port) as probe:
+                started = time.perf_counter()
+                await asyncio.gather(*(request(http, client.model, i, burst) for i in range(args.concurrency)))
+                burst_s = time.perf_counter() - started
+        burst.healthz_s = probe.latencies_s
         drained_s = await until_drained(client)
         after = await stats(client)
         rss_after = rss_mb(pid)
@@ -130,52 +186,45 @@ async def seed_cache(client: ApiClient) -> None:
     )
 
 
-async def request(client: ApiClient, index: int, burst: Burst) -> None:
+async def request(http: aiohttp.ClientSession, model: str, index: int, burst: Burst) -> None:
     kind = KINDS[index % len(KINDS)]
     question = (
         CACHED_QUESTION if index % 8 == 0 else f"Question {index}: how do I renew the certificate of service {index}?"
     )
-    body: dict[str, Any] = {"model": client.model, "messages": [{"role": "user", "content": question}]}
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": question}]}
     if kind == "over_cap":
         body["max_tokens"] = MAX_REPLY_TOKENS * 50
     started = time.perf_counter()
     try:
         if kind.startswith("stream"):
-            status, retry_after = await stream(client.http, body, abandon=kind == "stream_abandoned")
+            status, retry_after = await stream(http, body, abandon=kind == "stream_abandoned")
         else:
-            status, retry_after = await whole(client.http, body, abandon=kind == "whole_abandoned")
-    except httpx.HTTPError as exc:
+            status, retry_after = await whole(http, body, abandon=kind == "whole_abandoned")
+    except aiohttp.ClientError as exc:
         status, retry_after = type(exc).__name__, False
     burst.outcomes.append(Outcome(kind, status, time.perf_counter() - started, retry_after))
 
 
-async def stream(http: httpx.AsyncClient, body: dict[str, Any], *, abandon: bool) -> tuple[int | str, bool]:
-    async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
-        if response.status_code != 200:
-            await response.aread()
-            return response.status_code, "retry-after" in response.headers
-        async for line in response.aiter_lines():
-            if abandon and line.startswith("data: ") and '"content":"' in line and '"content":""' not in line:
-                return "abandoned", False  # leaving the block closes the connection mid-stream
+async def stream(http: aiohttp.ClientSession, body: dict[str, Any], *, abandon: bool) -> tuple[int | str, bool]:
+    async with http.post("/v1/chat/completions", json={**body, "stream": True}) as response:
+        if response.status != 200:
+            await response.read()
+            return response.status, "Retry-After" in response.headers
+        async for line in response.content:
+            if abandon and line.startswith(b"data: ") and b'"content":"' in line and b'"content":""' not in line:
+                response.close()  # the connection closes mid-stream
+                return "abandoned", False
     return 200, False
 
 
-async def whole(http: httpx.AsyncClient, body: dict[str, Any], *, abandon: bool) -> tuple[int | str, bool]:
+async def whole(http: aiohttp.ClientSession, body: dict[str, Any], *, abandon: bool) -> tuple[int | str, bool]:
     try:
-        response = await asyncio.wait_for(
-            http.post("/v1/chat/completions", json=body), ABANDON_AFTER_S if abandon else None
-        )
+        async with asyncio.timeout(ABANDON_AFTER_S if abandon else None):
+            async with http.post("/v1/chat/completions", json=body) as response:
+                await response.read()
     except TimeoutError:
         return "abandoned", False
-    return response.status_code, "retry-after" in response.headers
-
-
-async def probe_healthz(http: httpx.AsyncClient, burst: Burst) -> None:
-    while True:
-        started = time.perf_counter()
-        await http.get("/healthz")
-        burst.healthz_s.append(time.perf_counter() - started)
-        await asyncio.sleep(HEALTHZ_EVERY_S)
+    return response.status, "Retry-After" in response.headers
 
 
 async def until_drained(client: ApiClient) -> float | None:

@@ -16,7 +16,7 @@ from typing import Literal, TypeVar
 import numpy as np
 from sqlalchemy.exc import SQLAlchemyError
 
-from cache.embeddings import BatchingEmbedder, Embedder
+from cache.embeddings import BatchingEmbedder, Embedder, EmbedderBusy
 from cache.entries import Entry, EntryTable
 from cache.eviction import Usage, build_policy, victims
 from cache.judge import Judge
@@ -216,10 +216,12 @@ class ResponseCache:
     async def _embedding_in_budget(self, question: str) -> np.ndarray | None:
         """The question's vector, or None past `lookup_budget_ms`: under a burst the embedder's
         queue outgrows any wait a hit could save (300 concurrent lookups on 2 cores: p99 0.8 s),
-        so a lookup past its budget leaves the queue, its question not embedded, and misses."""
+        so a lookup past its budget leaves the queue, its question not embedded, and misses; one
+        that the queue ahead of it could not serve within the budget misses at once."""
+        text = embedded_text(question)
         try:
-            return await asyncio.wait_for(self._embeddings.embed(embedded_text(question)), self._budget_s)
-        except TimeoutError:
+            return await asyncio.wait_for(self._embeddings.embed(text, within_s=self._budget_s), self._budget_s)
+        except (TimeoutError, EmbedderBusy):
             self._counts["over_budget"] += 1
             return None
 

@@ -99,3 +99,37 @@ async def test_a_text_whose_callers_left_is_not_embedded(embedder: Embedder) -> 
     await stays
     assert counting.asked == [["VPN 连不上"]]
     assert gone.cancelled()
+
+
+async def timed(embedder: Embedder) -> tuple[Counting, BatchingEmbedder, float]:
+    """A BatchingEmbedder that has timed one forward: it knows its seconds a text."""
+    counting = Counting(embedder)
+    batching = BatchingEmbedder(counting, max_batch=8, window_s=0)
+    await batching.embed("a forward to time")
+    assert batching.seconds_per_text is not None and batching.seconds_per_text > 0
+    return counting, batching, batching.seconds_per_text
+
+
+async def test_a_lookup_the_queue_ahead_cannot_serve_in_time_is_refused_at_once(embedder: Embedder) -> None:
+    counting, batching, per_text = await timed(embedder)
+    texts = [f"How do I configure service number {i}?" for i in range(5)]
+    # two texts fit in 2.5 texts' time; the third would end after its caller's deadline
+    calls = [asyncio.create_task(batching.embed(text, within_s=2.5 * per_text)) for text in texts]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert [type(result).__name__ for result in results] == ["ndarray"] * 2 + ["EmbedderBusy"] * 3
+    embedded = [text for forward in counting.asked for text in forward]
+    assert not set(texts[2:]) & set(embedded)  # refused before any work was spent on them
+    stored = await batching.embed(texts[4])  # a caller that waits for ever is never refused
+    assert np.allclose(stored, embedder.encode([texts[4]])[0], atol=1e-5)
+
+
+async def test_a_batch_stops_growing_where_it_would_end_after_a_deadline_in_it(embedder: Embedder) -> None:
+    counting, batching, per_text = await timed(embedder)
+    store = asyncio.create_task(batching.embed("a store waits for ever", urgent=False))
+    soon = asyncio.create_task(batching.embed("a lookup that waits 1.5 texts' time", within_s=1.5 * per_text))
+    later = asyncio.create_task(batching.embed("a lookup that waits 10 texts' time", within_s=10 * per_text))
+    await asyncio.gather(store, soon, later)
+    assert counting.asked[1:] == [
+        ["a lookup that waits 1.5 texts' time"],  # with a second text it would end too late
+        ["a lookup that waits 10 texts' time", "a store waits for ever"],
+    ]

@@ -20,7 +20,7 @@ import uvicorn
 
 from logging_setup import configure_logging
 from settings import ConfigError, Settings, anchored, load_settings
-from web.http_protocol import ReadTimeoutH11Protocol
+from web.http_protocol import DeadlineH11Protocol
 from web.starting import StartingApp
 
 if TYPE_CHECKING:
@@ -81,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             port=settings.server.port,
             log_config=None,
             timeout_graceful_shutdown=settings.server.shutdown_timeout_s,
-            http=ReadTimeoutH11Protocol.with_timeout(settings.server.request_read_timeout_s),
+            http=DeadlineH11Protocol.with_timeouts(
+                settings.server.request_read_timeout_s, settings.server.response_write_timeout_s
+            ),
             timeout_keep_alive=settings.server.keep_alive_timeout_s,
             h11_max_incomplete_event_size=settings.server.max_header_bytes,
         )

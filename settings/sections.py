@@ -38,6 +38,7 @@ class ServerSettings(Section):
     shutdown_timeout_s: int = Field(10, ge=1, le=300)
     keep_alive_timeout_s: int = Field(5, ge=1, le=300)
     request_read_timeout_s: int = Field(10, ge=1, le=300)
+    response_write_timeout_s: int = Field(30, ge=1, le=3600)
     max_header_bytes: int = Field(16_384, ge=1024, le=1_048_576)
 
 

@@ -1,18 +1,23 @@
 """The server's own limits, with raw sockets against the real app: half-sent requests are closed,
-idle connections too, an endless request head is refused; the API docs when turned on."""
+idle connections too, an endless request head is refused, a response nobody reads is aborted; the
+API docs when turned on."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 
 from tests.app_process import AppProcess
 from tests.web.web_support import running_app
+from web.http_protocol import DeadlineH11Protocol
 
 READ_TIMEOUT_S = 1
 KEEP_ALIVE_TIMEOUT_S = 1
@@ -100,3 +105,44 @@ def test_a_slow_reply_is_not_cut_by_the_read_deadline(app: AppProcess) -> None:
 def test_the_api_docs_when_turned_on(app: AppProcess) -> None:
     for path in ("/docs", "/redoc", "/openapi.json"):
         assert httpx.get(f"{app.base_url}{path}").status_code == 200, path
+
+
+def test_a_response_the_client_stops_reading_is_aborted() -> None:
+    """uvicorn with our protocol, serving an endless stream to a client that reads none of it: the
+    app sees the client leave once the buffers have been full for the write deadline. (The real
+    app would need megabytes of reply to fill the sockets' buffers; the protocol is the same.)"""
+    left = threading.Event()
+
+    async def endless(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        async def until_disconnected() -> None:
+            message = await receive()
+            while message["type"] != "http.disconnect":  # the request's body: nothing to do with it
+                message = await receive()
+            left.set()
+
+        watching = asyncio.create_task(until_disconnected())
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        while not left.is_set():
+            await send({"type": "http.response.body", "body": b"x" * 1_000_000, "more_body": True})
+        await watching
+
+    config = uvicorn.Config(
+        endless,
+        lifespan="off",
+        log_level="warning",
+        http=DeadlineH11Protocol.with_timeouts(read_timeout_s=5, write_timeout_s=1),
+    )
+    server = uvicorn.Server(config)
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        port = listening.getsockname()[1]
+        serving = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
+        serving.start()
+        try:
+            with socket.socket() as client:
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                client.connect(("127.0.0.1", port))
+                client.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert left.wait(PATIENCE_S), "the server kept writing to a client that reads nothing"
+        finally:
+            server.should_exit = True
+            serving.join(PATIENCE_S)

@@ -192,7 +192,8 @@ async def replay(policy: str, trace: Trace, requests: list[tuple[str, str]], cap
         verify=False,
         thresholds={"trace": 0.9},
         evict_fraction=0.01,
-        lookup_budget_ms=60_000,  # a replay, not a load: every lookup is embedded
+        lookup_budget_ms=60_000,  # a replay, not a load: every lookup is embedded,
+        embed_batch_window_ms=0,  # and no other lookup comes to share its forward
     )
     cache = ResponseCache(config, embedder, clock=lambda: clock[0])
     scope = scope_key("trace-model", "")

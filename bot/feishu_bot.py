@@ -86,6 +86,7 @@ class FeishuBot:
             db,
             max_event_age=timedelta(seconds=settings.max_event_age_s),
             dedup_ttl=timedelta(seconds=settings.dedup_ttl_s),
+            claim_lease=timedelta(seconds=settings.claim_lease_s),
             answer_at_all=settings.answer_at_all,
         )
         self._replier = Replier(self._api, interval_s=settings.stream_interval_ms / 1000)
@@ -158,6 +159,9 @@ class FeishuBot:
         await self._answer_again(unanswered)
         if self._long_connection is not None:
             self._long_connection.start()
+        # A replica that stopped while answering left claims leased to it: by now they are free.
+        await asyncio.sleep(self._policy.claim_lease.total_seconds())
+        await self._answer_again(await self._policy.take_unanswered())
 
     async def _answer_again(self, unanswered: list[Unanswered]) -> None:
         """Queue the messages whose reply a stopped process never finished, as Feishu has them now."""
@@ -185,8 +189,8 @@ class FeishuBot:
             return
         if not delivery.resumed and not await self._policy.first_delivery(message):
             return
-        await self._respond(message, attempt=RESUMED if delivery.resumed else "")
-        await self._policy.finished(message)
+        async with self._policy.answering(message):
+            await self._respond(message, attempt=RESUMED if delivery.resumed else "")
 
     async def _respond(self, message: IncomingMessage, *, attempt: str) -> None:
         """The answer, or one reply that refuses the message (access, quota)."""

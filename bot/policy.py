@@ -15,6 +15,8 @@ import json
 import logging
 import re
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -58,10 +60,19 @@ class Unanswered:
 
 
 class EventPolicy:
-    def __init__(self, db: Database, *, max_event_age: timedelta, dedup_ttl: timedelta, answer_at_all: bool) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        max_event_age: timedelta,
+        dedup_ttl: timedelta,
+        claim_lease: timedelta,
+        answer_at_all: bool,
+    ) -> None:
         self._db = db
         self._max_event_age = max_event_age
         self._dedup_ttl = dedup_ttl
+        self.claim_lease = claim_lease
         self._answer_at_all = answer_at_all
         self.bot_open_id: str | None = None
 
@@ -107,27 +118,51 @@ class EventPolicy:
         """Claim a card click by its callback's event_id; False when it was claimed before."""
         return await asyncio.to_thread(self._claim, CARD_ACTION_KEY + event_id, chat_type)
 
-    async def finished(self, message: IncomingMessage) -> None:
-        """The message's reply has been shown (an answer or an error line): its claim is finished."""
-        await asyncio.to_thread(self._finish, MESSAGE_KEY + message.message_id)
+    @asynccontextmanager
+    async def answering(self, message: IncomingMessage) -> AsyncIterator[None]:
+        """While the block makes the reply, the message's claim stays leased to this replica
+        (renewed every third of the lease), so a replica starting meanwhile leaves it alone.
+        Finished when the block ends (the reply, or an error line, was shown); given up at once
+        when it raises, for a restart to answer."""
+        key = MESSAGE_KEY + message.message_id
+        renewing = asyncio.create_task(self._renew(key))
+        try:
+            yield
+        except BaseException:
+            await asyncio.to_thread(self._lease, key, timedelta(0))
+            raise
+        else:
+            await asyncio.to_thread(self._finish, key)
+        finally:
+            renewing.cancel()
 
     async def take_unanswered(self) -> list[Unanswered]:
         """Claim, to answer them again, the messages claimed within `max_event_age` whose reply was
-        never finished (the process stopped or failed meanwhile); each goes to one replica."""
+        never finished (the process stopped or failed meanwhile) and whose lease has run out; each
+        goes to one replica."""
         claims = await asyncio.to_thread(self._resume_unfinished, utcnow() - self._max_event_age)
         return [Unanswered(claim.key.removeprefix(MESSAGE_KEY), claim.chat_type or "p2p") for claim in claims]
 
+    async def _renew(self, key: str) -> None:
+        while True:
+            await asyncio.sleep(self.claim_lease.total_seconds() / 3)
+            await asyncio.to_thread(self._lease, key, self.claim_lease)
+
     def _claim(self, key: str, chat_type: str) -> bool:
         with self._db.session() as session:
-            return EventRepository(session).claim(key, self._dedup_ttl, chat_type=chat_type)
+            return EventRepository(session).claim(key, self._dedup_ttl, chat_type=chat_type, lease=self.claim_lease)
 
     def _finish(self, key: str) -> None:
         with self._db.session() as session:
             EventRepository(session).finish(key)
 
+    def _lease(self, key: str, lease: timedelta) -> None:
+        with self._db.session() as session:
+            EventRepository(session).lease(key, lease)
+
     def _resume_unfinished(self, since: datetime) -> list[ProcessedEvent]:
         with self._db.session() as session:
-            return EventRepository(session).resume_unfinished(MESSAGE_KEY, since)
+            return EventRepository(session).resume_unfinished(MESSAGE_KEY, since, lease=self.claim_lease)
 
     def _addressed(self, mentions: list[MentionEvent], raw_text: str | None) -> bool:
         if any(m.id is not None and m.id.open_id == self.bot_open_id for m in mentions):

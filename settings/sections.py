@@ -227,6 +227,7 @@ class FeishuSettings(Section):
     domain: str = Field("https://open.feishu.cn", pattern=r"^https?://[^/\s]+$")
     max_event_age_s: int = Field(600, ge=10)
     dedup_ttl_s: int = Field(172_800, ge=86_400)
+    claim_lease_s: int = Field(30, ge=1, le=600)
     stream_interval_ms: int = Field(300, ge=50, le=10_000)
     typing_reaction: bool = True
     answer_at_all: bool = False

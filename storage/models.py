@@ -144,7 +144,8 @@ class ProcessedEvent(Base):
     """A dedup key (Feishu message_id / event_id) seen before; kept until it expires.
 
     A claim is finished once its reply has been shown; an unfinished one is answered again after
-    a restart, once (`resumed_at`)."""
+    a restart, once (`resumed_at`), when its lease has run out: the replica answering it renews
+    `lease_until` while it works, so a replica starting meanwhile leaves it alone."""
 
     __tablename__ = "processed_events"
 
@@ -155,6 +156,7 @@ class ProcessedEvent(Base):
     chat_type: Mapped[str | None] = mapped_column(String(16))
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     resumed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
 class CacheEntry(Base):

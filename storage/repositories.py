@@ -175,9 +175,17 @@ class EventRepository:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def claim(self, key: str, ttl: timedelta, now: datetime | None = None, *, chat_type: str | None = None) -> bool:
-        """Record `key` as processed, its reply not yet finished. False if it was already claimed
-        and has not expired.
+    def claim(
+        self,
+        key: str,
+        ttl: timedelta,
+        now: datetime | None = None,
+        *,
+        chat_type: str | None = None,
+        lease: timedelta = timedelta(0),
+    ) -> bool:
+        """Record `key` as processed, its reply not yet finished and leased to the caller for
+        `lease`. False if it was already claimed and has not expired.
 
         The primary key makes this safe across replicas sharing one database: of two inserts of
         the same key, exactly one succeeds."""
@@ -188,10 +196,15 @@ class EventRepository:
                 return False
             existing.created_at, existing.expires_at, existing.chat_type = now, now + ttl, chat_type
             existing.finished_at = existing.resumed_at = None
+            existing.lease_until = now + lease
             return True
         try:
             with self.session.begin_nested():
-                self.session.add(ProcessedEvent(key=key, created_at=now, expires_at=now + ttl, chat_type=chat_type))
+                self.session.add(
+                    ProcessedEvent(
+                        key=key, created_at=now, expires_at=now + ttl, chat_type=chat_type, lease_until=now + lease
+                    )
+                )
         except IntegrityError:
             return False
         return True
@@ -202,9 +215,19 @@ class EventRepository:
             update(ProcessedEvent).where(ProcessedEvent.key == key).values(finished_at=now or utcnow())
         )
 
-    def resume_unfinished(self, prefix: str, since: datetime, now: datetime | None = None) -> list[ProcessedEvent]:
-        """Take the unfinished claims under `prefix` made since `since` that nobody resumed yet,
-        oldest first, to answer them again.
+    def lease(self, key: str, lease: timedelta, now: datetime | None = None) -> None:
+        """The unfinished claim's lease runs for `lease` from now; zero gives it up at once."""
+        self.session.execute(
+            update(ProcessedEvent)
+            .where(ProcessedEvent.key == key, ProcessedEvent.finished_at.is_(None))
+            .values(lease_until=(now or utcnow()) + lease)
+        )
+
+    def resume_unfinished(
+        self, prefix: str, since: datetime, now: datetime | None = None, *, lease: timedelta = timedelta(0)
+    ) -> list[ProcessedEvent]:
+        """Take the unfinished claims under `prefix` made since `since` that nobody resumed yet and
+        whose lease has run out, oldest first, to answer them again under a lease of `lease`.
 
         One UPDATE both finds and marks them, so of replicas starting together each claim goes to
         exactly one (a SELECT first would let two read it before either wrote)."""
@@ -217,8 +240,9 @@ class EventRepository:
                 ProcessedEvent.expires_at > now,
                 ProcessedEvent.finished_at.is_(None),
                 ProcessedEvent.resumed_at.is_(None),
+                or_(ProcessedEvent.lease_until.is_(None), ProcessedEvent.lease_until <= now),
             )
-            .values(resumed_at=now)
+            .values(resumed_at=now, lease_until=now + lease)
             .returning(ProcessedEvent)
             .execution_options(synchronize_session=False)
         ).all()

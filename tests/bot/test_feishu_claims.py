@@ -75,3 +75,27 @@ def test_claims_from_before_the_migration_count_as_finished(tmp_path: Path) -> N
     with database.sql_engine.connect() as connection:
         assert connection.execute(text("SELECT key FROM processed_events")).scalars().all() == [PREFIX + "old"]
     database.close()
+
+
+def test_a_claim_under_a_live_lease_is_left_to_its_replica(db: Database) -> None:
+    now = utcnow()
+    lease = timedelta(seconds=30)
+    since = now - timedelta(seconds=600)
+    with db.session() as session:
+        events = EventRepository(session)
+        events.claim(PREFIX + "answering", TTL, now - timedelta(seconds=20), chat_type="p2p", lease=lease)
+        events.claim(PREFIX + "stopped", TTL, now - timedelta(seconds=40), chat_type="p2p", lease=lease)
+        events.claim(PREFIX + "failed", TTL, now - timedelta(seconds=5), chat_type="p2p", lease=lease)
+        events.lease(PREFIX + "failed", timedelta(0), now - timedelta(seconds=1))  # given up on an error
+    with db.session() as session:
+        taken = EventRepository(session).resume_unfinished(PREFIX, since, now, lease=lease)
+        assert [claim.key for claim in taken] == [PREFIX + "stopped", PREFIX + "failed"]
+        assert all(claim.lease_until == now + lease for claim in taken)  # leased to the replica taking them
+
+    with db.session() as session:
+        EventRepository(session).lease(PREFIX + "answering", lease, now + timedelta(seconds=25))  # renewed
+    with db.session() as session:
+        events = EventRepository(session)
+        assert events.resume_unfinished(PREFIX, since, now + timedelta(seconds=40), lease=lease) == []
+        [claim] = events.resume_unfinished(PREFIX, since, now + timedelta(seconds=60), lease=lease)
+        assert claim.key == PREFIX + "answering"

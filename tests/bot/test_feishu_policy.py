@@ -21,7 +21,13 @@ from tests.fakes.feishu import FakeFeishu
 
 @pytest.fixture
 def policy(db: Database) -> EventPolicy:
-    policy = EventPolicy(db, max_event_age=timedelta(minutes=10), dedup_ttl=timedelta(days=2), answer_at_all=False)
+    policy = EventPolicy(
+        db,
+        max_event_age=timedelta(minutes=10),
+        dedup_ttl=timedelta(days=2),
+        claim_lease=timedelta(seconds=30),
+        answer_at_all=False,
+    )
     policy.bot_open_id = BOT_OPEN_ID
     return policy
 
@@ -69,7 +75,13 @@ def test_the_bot_stays_silent(policy: EventPolicy, fields: dict[str, Any]) -> No
 
 
 def test_at_all_is_answered_when_configured(db: Database) -> None:
-    policy = EventPolicy(db, max_event_age=timedelta(minutes=10), dedup_ttl=timedelta(days=2), answer_at_all=True)
+    policy = EventPolicy(
+        db,
+        max_event_age=timedelta(minutes=10),
+        dedup_ttl=timedelta(days=2),
+        claim_lease=timedelta(seconds=30),
+        answer_at_all=True,
+    )
     policy.bot_open_id = BOT_OPEN_ID
 
     message = policy.admit(decoded(text="@_all standup in 5", chat_type="group"))

@@ -241,6 +241,33 @@ def test_a_message_left_unanswered_is_answered_once_by_one_of_two_apps_started_a
     database.close()
 
 
+def test_a_replica_starting_while_another_answers_leaves_the_message_to_it(tmp_path: Path, fake: FakeFeishu) -> None:
+    settings = webhook_settings(tmp_path, fake)
+    first = start(settings, fake)
+    database = Database(str(settings.storage.url))
+    try:
+        event = message_event(chat_id="oc_busy", text="Still there?", token=TOKEN)
+        message_id = event["event"]["message"]["message_id"]
+        reply = f"/messages/{message_id}/reply"
+        fake.hold(reply)  # the first replica is answering: its reply waits on Feishu
+        assert fake.post_event(f"{first.base_url}/feishu/events", event, encrypt_key=ENCRYPT_KEY).status_code == 200
+        wait_for(lambda: fake.calls_to(reply), what="the first replica to be answering")
+
+        second = start(webhook_settings(tmp_path, fake), fake)  # the same database
+        try:
+            assert claim(database, message_id).resumed_at is None  # its start left the claim alone
+            fake.release(reply)
+            final_text(fake, message_id)
+            wait_for(lambda: claim(database, message_id).finished_at, what="the claim to be finished")
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+    assert len(fake.replies_to(message_id)) == 1
+    assert not [c for c in fake.calls if c.method == "GET" and c.path.endswith(message_id)]  # never fetched again
+    database.close()
+
+
 def claim(database: Database, message_id: str) -> ProcessedEvent:
     with database.session() as session:
         found = session.get(ProcessedEvent, f"feishu:message:{message_id}")

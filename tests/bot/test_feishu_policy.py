@@ -19,17 +19,21 @@ from tests.fakes.events import BOT_OPEN_ID, bot_mention, mention, message_event,
 from tests.fakes.feishu import FakeFeishu
 
 
-@pytest.fixture
-def policy(db: Database) -> EventPolicy:
+def event_policy(db: Database, *, answer_at_all: bool = False) -> EventPolicy:
     policy = EventPolicy(
         db,
         max_event_age=timedelta(minutes=10),
         dedup_ttl=timedelta(days=2),
         claim_lease=timedelta(seconds=30),
-        answer_at_all=False,
+        answer_at_all=answer_at_all,
     )
     policy.bot_open_id = BOT_OPEN_ID
     return policy
+
+
+@pytest.fixture
+def policy(db: Database) -> EventPolicy:
+    return event_policy(db)
 
 
 def decoded(**fields: Any) -> P2ImMessageReceiveV1:
@@ -75,14 +79,7 @@ def test_the_bot_stays_silent(policy: EventPolicy, fields: dict[str, Any]) -> No
 
 
 def test_at_all_is_answered_when_configured(db: Database) -> None:
-    policy = EventPolicy(
-        db,
-        max_event_age=timedelta(minutes=10),
-        dedup_ttl=timedelta(days=2),
-        claim_lease=timedelta(seconds=30),
-        answer_at_all=True,
-    )
-    policy.bot_open_id = BOT_OPEN_ID
+    policy = event_policy(db, answer_at_all=True)
 
     message = policy.admit(decoded(text="@_all standup in 5", chat_type="group"))
 

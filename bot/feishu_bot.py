@@ -159,17 +159,23 @@ class FeishuBot:
         await self._answer_again(unanswered)
         if self._long_connection is not None:
             self._long_connection.start()
-        # A replica that stopped while answering left claims leased to it: by now they are free.
-        await asyncio.sleep(self._policy.claim_lease.total_seconds())
-        await self._answer_again(await self._policy.take_unanswered())
+        # A reply that failed gave its claim up, and a replica that stopped while answering left
+        # its claims to run out: each lease later, any running replica takes them.
+        while True:
+            await asyncio.sleep(self._policy.claim_lease.total_seconds())
+            try:
+                await self._answer_again(await self._policy.take_unanswered())
+            except Exception:
+                log.exception("feishu: unfinished messages could not be taken; trying again in a lease")
 
     async def _answer_again(self, unanswered: list[Unanswered]) -> None:
-        """Queue the messages whose reply a stopped process never finished, as Feishu has them now."""
+        """Queue the messages whose reply was never finished (a failure, a stopped replica), as
+        Feishu has them now."""
         for claim in unanswered:
             event = await self._fetched(claim.message_id, claim.chat_type)
             if event is None:
                 continue
-            log.info("feishu: answering message %s again after a restart", claim.message_id)
+            log.info("feishu: answering message %s again: its reply was never finished", claim.message_id)
             self._lanes.submit(_lane(event), Delivery(event, resumed=True))
 
     def _on_message(self, event: P2ImMessageReceiveV1) -> None:

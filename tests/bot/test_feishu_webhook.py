@@ -268,6 +268,30 @@ def test_a_replica_starting_while_another_answers_leaves_the_message_to_it(tmp_p
     database.close()
 
 
+def test_a_reply_that_failed_is_answered_again_by_a_running_replica_within_a_lease(
+    tmp_path: Path, fake: FakeFeishu
+) -> None:
+    settings = app_settings(
+        tmp_path, fake, mode="webhook", encrypt_key=ENCRYPT_KEY, verification_token=TOKEN, claim_lease_s=1
+    )
+    app = start(settings, fake)
+    database = Database(str(settings.storage.url))
+    try:
+        time.sleep(2.5)  # long after the start: a pass at start-up alone would not retry it
+        event = message_event(chat_id="oc_retry", text="Are you there?", token=TOKEN)
+        message_id = event["event"]["message"]["message_id"]
+        fake.remember(event)  # what the Open API gives when the message is fetched again
+        fake.fail(f"/messages/{message_id}/reply")  # the first answer fails: its claim is given up
+        assert fake.post_event(f"{app.base_url}/feishu/events", event, encrypt_key=ENCRYPT_KEY).status_code == 200
+        final_text(fake, message_id)  # answered, with no restart
+        wait_for(lambda: claim(database, message_id).finished_at, what="the claim to be finished")
+    finally:
+        app.stop()
+    assert len(fake.replies_to(message_id)) == 1
+    assert claim(database, message_id).resumed_at is not None
+    database.close()
+
+
 def claim(database: Database, message_id: str) -> ProcessedEvent:
     with database.session() as session:
         found = session.get(ProcessedEvent, f"feishu:message:{message_id}")

@@ -123,7 +123,7 @@ class EventPolicy:
         """While the block makes the reply, the message's claim stays leased to this replica
         (renewed every third of the lease), so a replica starting meanwhile leaves it alone.
         Finished when the block ends (the reply, or an error line, was shown); given up at once
-        when it raises, for a restart to answer."""
+        when it raises, for the next pass over unfinished claims (`take_unanswered`) to answer."""
         key = MESSAGE_KEY + message.message_id
         renewing = asyncio.create_task(self._renew(key))
         try:

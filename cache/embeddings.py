@@ -190,8 +190,9 @@ class BatchingEmbedder:
         deadline = math.inf if within_s is None else loop.time() + within_s
         wanted = self._embedding.get(text) or self._wanted.get(text)
         if wanted is None:
-            if self._expected_end(loop.time(), self._num_urgent_waiting() + 1) > deadline:
-                raise EmbedderBusy(f"{self._num_urgent_waiting()} texts to embed first")
+            ahead = self._num_urgent_waiting()
+            if self._expected_end(loop.time(), ahead + 1) > deadline:
+                raise EmbedderBusy(f"{ahead} texts to embed first")
             wanted = self._wanted[text] = _Wanted(urgent, deadline)
         wanted.urgent |= urgent
         wanted.deadline = max(wanted.deadline, deadline)

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import lark_oapi as lark
 from lark_oapi.api.cardkit.v1 import (
+    Card,
     ContentCardElementRequest,
     ContentCardElementRequestBody,
     CreateCardElementRequest,
@@ -23,6 +24,8 @@ from lark_oapi.api.cardkit.v1 import (
     CreateCardRequestBody,
     SettingsCardRequest,
     SettingsCardRequestBody,
+    UpdateCardRequest,
+    UpdateCardRequestBody,
 )
 from lark_oapi.api.contact.v3 import GetUserRequest, User
 from lark_oapi.api.docx.v1 import RawContentDocumentRequest
@@ -171,6 +174,22 @@ class FeishuApi:
         )
         response = await self._call("card create", lambda: self._client.cardkit.v1.card.acreate(request))
         return response.data.card_id
+
+    async def update_card(self, card_id: str, card: dict[str, Any], *, sequence: int, uuid: str) -> None:
+        """Replace a CardKit card entity's whole JSON, in whatever mode it is."""
+        request = (
+            UpdateCardRequest.builder()
+            .card_id(card_id)
+            .request_body(
+                UpdateCardRequestBody.builder()
+                .card(Card.builder().type("card_json").data(_json(card)).build())
+                .sequence(sequence)
+                .uuid(uuid)
+                .build()
+            )
+            .build()
+        )
+        await self._call("card update", lambda: self._client.cardkit.v1.card.aupdate(request))
 
     async def set_element_content(
         self, card_id: str, element_id: str, content: str, *, sequence: int, uuid: str

@@ -10,13 +10,15 @@ Reminders and scheduled prompts come back through `deliver`, posted in the chat 
 they were set in.
 
 At start, the messages a stopped process claimed but never finished answering are fetched and
-queued again (`Delivery.resumed`). A click on an answer card's buttons (`card.action.trigger`)
-joins its chat's lane too: a new session, or the question answered again.
+queued again (`Delivery.resumed`); a card it left streaming is closed with a line saying so. A
+click on an answer card's buttons (`card.action.trigger`) joins its chat's lane too: a new session,
+or the question answered again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -39,7 +41,7 @@ from bot.names import SenderNames
 from bot.policy import EventPolicy, IncomingMessage, Unanswered, fetched_event
 from bot.progress import TypingReaction
 from bot.reading import Reader
-from bot.replies import Replier
+from bot.replies import CardOpened, Replier
 from bot.status import FeishuStatus, TransportState
 from bot.threads import Threads
 from bot.tool_loop import ToolLoop
@@ -57,10 +59,12 @@ CLICK_DROPPED = "Sorry, that did not work; please try again."
 
 @dataclass(frozen=True)
 class Delivery:
-    """An event for a chat's lane; `resumed`: claimed before a restart and never answered."""
+    """An event for a chat's lane; `resumed`: claimed before a restart and never answered, its
+    reply maybe left streaming into `stuck_card`."""
 
     event: P2ImMessageReceiveV1
     resumed: bool = False
+    stuck_card: str | None = None
 
 
 class FeishuBot:
@@ -176,7 +180,7 @@ class FeishuBot:
             if event is None:
                 continue
             log.info("feishu: answering message %s again: its reply was never finished", claim.message_id)
-            self._lanes.submit(_lane(event), Delivery(event, resumed=True))
+            self._lanes.submit(_lane(event), Delivery(event, resumed=True, stuck_card=claim.reply_card))
 
     def _on_message(self, event: P2ImMessageReceiveV1) -> None:
         # Called by lark-oapi, on its long-connection thread or inside the webhook request: hand
@@ -196,7 +200,15 @@ class FeishuBot:
         if not delivery.resumed and not await self._policy.first_delivery(message):
             return
         async with self._policy.answering(message):
+            if delivery.stuck_card is not None:
+                await self._close_stuck(delivery.stuck_card)
             await self._respond(message, attempt=RESUMED if delivery.resumed else "")
+
+    async def _close_stuck(self, card: str) -> None:
+        try:
+            await self._replier.close_interrupted(card)
+        except Exception as exc:  # noqa: BLE001 - the card stays as it was; the answer comes all the same
+            log.warning("feishu: a card left streaming cannot be closed (%s)", exc)
 
     async def _respond(self, message: IncomingMessage, *, attempt: str) -> None:
         """The answer, or one reply that refuses the message (access, quota)."""
@@ -204,7 +216,8 @@ class FeishuBot:
         if await self._refused(Asking.of(message), message.message_id, in_thread=in_thread):
             return
         await self._threads.answering(message)
-        await self._answer(message, attempt=attempt)
+        # the claim records each card its answer streams into
+        await self._answer(message, attempt=attempt, opened=functools.partial(self._policy.showing, message))
 
     async def _refused(self, asking: Asking, reply_to: str, *, in_thread: bool) -> bool:
         """Whether the gate refuses `asking`; if so, the refusal is the reply to `reply_to`."""
@@ -215,7 +228,7 @@ class FeishuBot:
         await self._replier.text(reply_to, refusal.text, in_thread=in_thread)
         return True
 
-    async def _answer(self, message: IncomingMessage, *, attempt: str) -> None:
+    async def _answer(self, message: IncomingMessage, *, attempt: str, opened: CardOpened | None = None) -> None:
         thread = self._threads.of_answer(message)
         in_thread = thread is not None
         conversation = Conversation(
@@ -243,7 +256,12 @@ class FeishuBot:
         answer = turn if self._tool_loop is None else self._tool_loop.answer(conversation, turn)
         async with self._typing.shown_on(message.message_id):
             await self._replier.stream(
-                message.message_id, answer, in_thread=in_thread, attempt=attempt, actions=card_buttons(message, thread)
+                message.message_id,
+                answer,
+                in_thread=in_thread,
+                attempt=attempt,
+                actions=card_buttons(message, thread),
+                opened=opened,
             )
 
     async def _without_model(self, words: str, conversation: Conversation) -> str | None:

@@ -5,7 +5,8 @@ only if configured, and in threads, where a message without a mention may be a f
 bot decides: `addressed` is False). Senders that are not users, the bot's own messages and
 events older than `max_event_age` are ignored. Each message is answered once: its id is claimed
 in the database, which survives restarts and is shared by replicas. A claim whose reply was never
-finished (the process stopped meanwhile) is answered again at the next start, by one replica.
+finished (the process stopped meanwhile) is answered again at the next start, by one replica; the
+claim holds the card the reply was streaming into, for that replica to close it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class Unanswered:
 
     message_id: str
     chat_type: str
+    reply_card: str | None = None
+    """The card the unfinished reply was streaming into, if one was opened (`Replier`'s reference)."""
 
 
 class EventPolicy:
@@ -136,12 +139,20 @@ class EventPolicy:
         finally:
             renewing.cancel()
 
+    async def showing(self, message: IncomingMessage, card: str) -> None:
+        """The reply to `message` streams into `card` now: recorded on its claim, so that a replica
+        answering it again can close the card if this one stops before finishing it."""
+        await asyncio.to_thread(self._showing, MESSAGE_KEY + message.message_id, card)
+
     async def take_unanswered(self) -> list[Unanswered]:
         """Claim, to answer them again, the messages claimed within `max_event_age` whose reply was
         never finished (the process stopped or failed meanwhile) and whose lease has run out; each
         goes to one replica."""
         claims = await asyncio.to_thread(self._resume_unfinished, utcnow() - self._max_event_age)
-        return [Unanswered(claim.key.removeprefix(MESSAGE_KEY), claim.chat_type or "p2p") for claim in claims]
+        return [
+            Unanswered(claim.key.removeprefix(MESSAGE_KEY), claim.chat_type or "p2p", claim.reply_card)
+            for claim in claims
+        ]
 
     async def _renew(self, key: str) -> None:
         while True:
@@ -155,6 +166,10 @@ class EventPolicy:
     def _finish(self, key: str) -> None:
         with self._db.session() as session:
             EventRepository(session).finish(key)
+
+    def _showing(self, key: str, card: str) -> None:
+        with self._db.session() as session:
+            EventRepository(session).showing(key, card)
 
     def _lease(self, key: str, lease: timedelta) -> None:
         with self._db.session() as session:

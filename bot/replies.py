@@ -5,7 +5,8 @@ reply, its markdown element updated with a strictly increasing sequence, streami
 the end), at most one update per `interval_s`. When CardKit is refused (the app lacks the
 cardkit:card:write scope, or the tenant does not have CardKit) the card is sent whole and patched
 instead. An answer too long for one card continues in the next, and the last card ends with the
-buttons it is given; if generating or showing the answer fails, the card says so in a footer.
+buttons it is given; if generating or showing the answer fails, the card says so in a footer. A
+card a stopped process left streaming is closed by the attempt that answers its message again.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterable, Sequence
+from collections.abc import AsyncIterable, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from bot.feishu_api import FeishuApi, FeishuApiError
@@ -27,11 +28,19 @@ PLACEHOLDER = "…"
 FOOTER_RULE = "\n\n---\n"
 ERROR_FOOTER = FOOTER_RULE + "⚠️ Something went wrong while I was answering; please try again."
 UNAVAILABLE_FOOTER = FOOTER_RULE + "⚠️ Sorry, the model server cannot be reached now; please try again in a minute."
+INTERRUPTED = "⚠️ This answer was cut off; it is answered again in a new reply."
+# How a card is named to whoever closes it later: a CardKit card by card_id, a patched one by message_id.
+CARDKIT_CARD = "cardkit:"
+PATCHED_CARD = "message:"
+# A card's updates are numbered from 1, one per update; whoever closes it after its writer stopped
+# cannot know the last number, so it starts above any a writer reaches (an update per stream interval).
+CLOSING_SEQUENCE = 1 << 30
 # A card's JSON may be at most 30 KB; 6,000 characters of CJK text take 18 KB of it.
 CARD_TEXT_LIMIT = 6000
 SUMMARY_CHARS = 60
 
 CardElements = Sequence[dict[str, Any]]
+CardOpened = Callable[[str], Awaitable[None]]
 
 
 class CardWriter(Protocol):
@@ -65,9 +74,11 @@ class Replier:
         in_thread: bool,
         attempt: str = "",
         actions: CardElements = (),
+        opened: CardOpened | None = None,
     ) -> None:
         """Stream the answer `deltas` make up into card(s) replying to `message_id`; `actions`
-        (card JSON 2.0 elements: its buttons) end the last card.
+        (card JSON 2.0 elements: its buttons) end the last card. `opened` is told each card, by
+        the name `close_interrupted` takes, before the answer streams into it.
 
         A card is never left streaming: if generating or showing the answer fails, or the reply
         is cancelled, the card is finished with what it has and an error line. This raises only
@@ -75,7 +86,7 @@ class Replier:
         after a restart, a click's for a regenerate) sends cards of its own: Feishu would answer a
         repeated uuid with the card it sent before."""
         part = 0
-        card = await self._open_card(message_id, part, in_thread, attempt)
+        card = await self._open_card(message_id, part, in_thread, attempt, opened)
         text = ""
         try:
             next_update = time.monotonic() + self._interval_s
@@ -85,7 +96,7 @@ class Replier:
                     cut = _split_point(text, self._card_text_limit)
                     await card.finish(text[:cut])
                     text, part = text[cut:], part + 1
-                    card = await self._open_card(message_id, part, in_thread, attempt)
+                    card = await self._open_card(message_id, part, in_thread, attempt, opened)
                 if time.monotonic() >= next_update:
                     await card.update(text)
                     next_update = time.monotonic() + self._interval_s
@@ -101,7 +112,21 @@ class Replier:
             log.exception("feishu: answering %s failed", message_id)
             await card.finish(_ended(text, ERROR_FOOTER), actions)
 
-    async def _open_card(self, message_id: str, part: int, in_thread: bool, attempt: str) -> CardWriter:
+    async def close_interrupted(self, card: str) -> None:
+        """Replace a card whose answer was cut off (named as `stream` told `opened`) with the
+        INTERRUPTED line, streaming stopped: whether its writer stopped mid-answer or finished it
+        with an error line, the answer now follows in a new reply."""
+        closed = _card(INTERRUPTED, streaming=False)
+        if card.startswith(PATCHED_CARD):
+            await self._api.patch_card(card.removeprefix(PATCHED_CARD), closed)
+            return
+        assert card.startswith(CARDKIT_CARD), f"not a card reference: {card!r}"
+        card_id = card.removeprefix(CARDKIT_CARD)
+        await self._api.update_card(card_id, closed, sequence=CLOSING_SEQUENCE, uuid=_uuid(card_id, CLOSING_SEQUENCE))
+
+    async def _open_card(
+        self, message_id: str, part: int, in_thread: bool, attempt: str, opened: CardOpened | None
+    ) -> CardWriter:
         reply_uuid = _uuid(message_id, f"card-{part}-{attempt}" if attempt else f"card-{part}")
         try:
             card_id = await self._api.create_card(_card(PLACEHOLDER, streaming=True))
@@ -110,7 +135,11 @@ class Replier:
             sent = await self._api.reply(
                 message_id, "interactive", _card(PLACEHOLDER, streaming=False), uuid=reply_uuid, in_thread=in_thread
             )
+            if opened is not None:
+                await opened(PATCHED_CARD + sent)
             return PatchedCard(self._api, sent)
+        if opened is not None:
+            await opened(CARDKIT_CARD + card_id)  # before it is shown: no card is ever shown unrecorded
         await self._api.reply(
             message_id,
             "interactive",

@@ -145,7 +145,9 @@ class ProcessedEvent(Base):
 
     A claim is finished once its reply has been shown; an unfinished one is answered again after
     a restart, once (`resumed_at`), when its lease has run out: the replica answering it renews
-    `lease_until` while it works, so a replica starting meanwhile leaves it alone."""
+    `lease_until` while it works, so a replica starting meanwhile leaves it alone. `reply_card` is
+    the card the reply streams into (its writer's reference to it), for the replica that answers
+    again to close a card the stopped one left streaming."""
 
     __tablename__ = "processed_events"
 
@@ -157,6 +159,7 @@ class ProcessedEvent(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     resumed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    reply_card: Mapped[str | None] = mapped_column(String(64))
 
 
 class CacheEntry(Base):

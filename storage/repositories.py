@@ -195,7 +195,7 @@ class EventRepository:
             if existing.expires_at > now:
                 return False
             existing.created_at, existing.expires_at, existing.chat_type = now, now + ttl, chat_type
-            existing.finished_at = existing.resumed_at = None
+            existing.finished_at = existing.resumed_at = existing.reply_card = None
             existing.lease_until = now + lease
             return True
         try:
@@ -213,6 +213,14 @@ class EventRepository:
         """The claim's reply has been shown (an answer or an error line): it is not answered again."""
         self.session.execute(
             update(ProcessedEvent).where(ProcessedEvent.key == key).values(finished_at=now or utcnow())
+        )
+
+    def showing(self, key: str, card: str) -> None:
+        """The unfinished claim's reply streams into `card` (the newest of its cards)."""
+        self.session.execute(
+            update(ProcessedEvent)
+            .where(ProcessedEvent.key == key, ProcessedEvent.finished_at.is_(None))
+            .values(reply_card=card)
         )
 
     def lease(self, key: str, lease: timedelta, now: datetime | None = None) -> None:

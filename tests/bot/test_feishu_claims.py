@@ -99,3 +99,30 @@ def test_a_claim_under_a_live_lease_is_left_to_its_replica(db: Database) -> None
         assert events.resume_unfinished(PREFIX, since, now + timedelta(seconds=40), lease=lease) == []
         [claim] = events.resume_unfinished(PREFIX, since, now + timedelta(seconds=60), lease=lease)
         assert claim.key == PREFIX + "answering"
+
+
+def test_an_unfinished_claim_is_taken_with_the_card_its_reply_was_streaming_into(db: Database) -> None:
+    now = utcnow()
+    with db.session() as session:
+        events = EventRepository(session)
+        events.claim(PREFIX + "cut", TTL, now - timedelta(seconds=30), chat_type="p2p")
+        events.showing(PREFIX + "cut", "cardkit:7000000001")
+        events.showing(PREFIX + "cut", "cardkit:7000000002")  # the answer went on in a second card
+        events.claim(PREFIX + "answered", TTL, now - timedelta(seconds=20), chat_type="p2p")
+        events.finish(PREFIX + "answered")
+        events.showing(PREFIX + "answered", "cardkit:7000000003")  # too late: the claim is finished
+        events.claim(PREFIX + "no-card", TTL, now - timedelta(seconds=10), chat_type="p2p")
+
+    with db.session() as session:
+        taken = EventRepository(session).resume_unfinished(PREFIX, since=now - timedelta(seconds=600), now=now)
+        assert [(claim.key, claim.reply_card) for claim in taken] == [
+            (PREFIX + "cut", "cardkit:7000000002"),
+            (PREFIX + "no-card", None),
+        ]
+        answered = session.get(ProcessedEvent, PREFIX + "answered")
+        assert answered is not None and answered.reply_card is None
+
+    with db.session() as session:  # claimed anew once expired: an earlier reply's card is not its own
+        assert EventRepository(session).claim(PREFIX + "cut", TTL, now + TTL + timedelta(seconds=1))
+        claim = session.get(ProcessedEvent, PREFIX + "cut")
+        assert claim is not None and claim.reply_card is None

@@ -10,7 +10,15 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bot.feishu_api import FeishuApi, FeishuApiError
-from bot.replies import ERROR_FOOTER, FOOTER_RULE, UNAVAILABLE_FOOTER, Replier
+from bot.replies import (
+    CARDKIT_CARD,
+    ERROR_FOOTER,
+    FOOTER_RULE,
+    INTERRUPTED,
+    PATCHED_CARD,
+    UNAVAILABLE_FOOTER,
+    Replier,
+)
 from engine import SamplingParams
 from engine.config import RemoteConfig
 from engine.remote import RemoteEngine
@@ -156,15 +164,43 @@ async def test_a_cancelled_answer_finishes_the_card_with_the_error_footer(api: F
     assert not fake.card_of(reply).streaming
 
 
-async def test_a_resumed_answer_gets_a_card_of_its_own(api: FeishuApi, fake: FakeFeishu) -> None:
+async def test_a_card_left_streaming_is_closed_and_the_resumed_answer_gets_a_card_of_its_own(
+    api: FeishuApi, fake: FakeFeishu
+) -> None:
     message_id = new_message_id()
+    opened: list[str] = []
+
+    async def record(card: str) -> None:
+        opened.append(card)
+
     fake.fail("/settings", times=2)  # the card can be neither finished nor given its error line
     with pytest.raises(FeishuApiError):
-        await Replier(api, interval_s=0.0).stream(message_id, words("lost"), in_thread=False)
+        await Replier(api, interval_s=0.0).stream(message_id, words("lost half"), in_thread=False, opened=record)
+    (stuck,) = fake.replies_to(message_id)
+    assert fake.card_of(stuck).streaming and opened == [CARDKIT_CARD + fake.card_of(stuck).card_id]
 
+    await Replier(api, interval_s=0.0).close_interrupted(opened[0])
     await Replier(api, interval_s=0.0).stream(message_id, words("found again"), in_thread=False, attempt="resumed")
 
     stuck, resumed = fake.replies_to(message_id)
-    assert fake.card_of(stuck).streaming
+    assert not fake.card_of(stuck).streaming
+    assert fake.text_of(stuck) == INTERRUPTED
     assert fake.text_of(resumed) == "found again"
     assert not fake.card_of(resumed).streaming
+
+
+async def test_a_patched_card_left_unfinished_is_closed_by_its_message_id(api: FeishuApi, fake: FakeFeishu) -> None:
+    fake.refuse_cardkit = True
+    message_id = new_message_id()
+    opened: list[str] = []
+
+    async def record(card: str) -> None:
+        opened.append(card)
+
+    await Replier(api, interval_s=0.0).stream(message_id, words("an answer"), in_thread=False, opened=record)
+    (reply,) = fake.replies_to(message_id)
+    assert opened == [PATCHED_CARD + reply.message_id]
+
+    await Replier(api, interval_s=0.0).close_interrupted(opened[0])
+
+    assert fake.text_of(reply) == INTERRUPTED

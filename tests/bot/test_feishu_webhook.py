@@ -14,6 +14,7 @@ from typing import TypedDict, Unpack
 import httpx
 import pytest
 
+from bot.replies import CARDKIT_CARD, INTERRUPTED
 from settings import Settings
 from storage import Database, EventRepository, ProcessedEvent, utcnow
 from tests.bot.bot_support import AppServer, app_settings, final_text
@@ -289,6 +290,29 @@ def test_a_reply_that_failed_is_answered_again_by_a_running_replica_within_a_lea
         app.stop()
     assert len(fake.replies_to(message_id)) == 1
     assert claim(database, message_id).resumed_at is not None
+    database.close()
+
+
+def test_a_card_left_streaming_is_closed_when_its_message_is_answered_again(tmp_path: Path, fake: FakeFeishu) -> None:
+    settings = app_settings(
+        tmp_path, fake, mode="webhook", encrypt_key=ENCRYPT_KEY, verification_token=TOKEN, claim_lease_s=1
+    )
+    app = start(settings, fake)
+    database = Database(str(settings.storage.url))
+    try:
+        event = message_event(chat_id="oc_cut", text="Will you finish?", token=TOKEN)
+        message_id = event["event"]["message"]["message_id"]
+        fake.remember(event)
+        fake.fail("/settings", times=2)  # the card streams, then can be neither finished nor given its error line
+        assert fake.post_event(f"{app.base_url}/feishu/events", event, encrypt_key=ENCRYPT_KEY).status_code == 200
+        wait_for(lambda: len(fake.replies_to(message_id)) == 2, what="the answer again, in a card of its own")
+        wait_for(lambda: claim(database, message_id).finished_at, what="the claim to be finished")
+    finally:
+        app.stop()
+    cut, answered = fake.replies_to(message_id)
+    assert fake.text_of(cut) == INTERRUPTED and not fake.card_of(cut).streaming
+    assert fake.text_of(answered) == app.assistant_texts()[-1] and not fake.card_of(answered).streaming
+    assert claim(database, message_id).reply_card == CARDKIT_CARD + fake.card_of(answered).card_id
     database.close()
 
 

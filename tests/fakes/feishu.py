@@ -366,6 +366,15 @@ class FakeFeishu:
             self.cards[card_id] = CardEntity(card_id, json.loads(body["data"]))
             return {"code": 0, "msg": "success", "data": {"card_id": card_id}}
 
+        @app.put("/open-apis/cardkit/v1/cards/{card_id}")
+        async def update_card(card_id: str, request: Request) -> dict[str, Any]:
+            body = await self._admit(request, cardkit=True)
+            card = self._sequenced(card_id, body)
+            if body["card"].get("type") != "card_json":
+                raise _Refusal(400, 300302, "this fake only takes card JSON")
+            card.card = json.loads(body["card"]["data"])
+            return {"code": 0, "msg": "success", "data": {}}
+
         @app.put("/open-apis/cardkit/v1/cards/{card_id}/elements/{element_id}/content")
         async def element_content(card_id: str, element_id: str, request: Request) -> dict[str, Any]:
             body = await self._admit(request, cardkit=True)

@@ -128,7 +128,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, default=16, help="engine.max_num_seqs (default 16)")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens a completed reply asks for (default 16)")
     parser.add_argument(
-        "--lookup-budget-ms", type=int, default=250, help="cache.lookup_budget_ms of the app it starts (default 250)"
+        "--lookup-budget-ms", type=int, help="cache.lookup_budget_ms of the app it starts (default: the app's)"
     )
     parser.add_argument("--model", default=DEMO_MODEL, help=f"engine.model (default {DEMO_MODEL})")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="engine.data_dir")
@@ -146,9 +146,8 @@ def app_config(args: argparse.Namespace, port: int, workdir: Path) -> dict[str, 
         "engine": {"model": args.model, "data_dir": str(args.data_dir), "max_num_seqs": args.max_num_seqs},
         "generation": {"temperature": 0, "max_tokens": args.max_tokens, "max_reply_tokens": MAX_REPLY_TOKENS},
         "api": {"max_queued_requests": args.max_queued},
-        "cache": {"lookup_budget_ms": args.lookup_budget_ms},
         "limits": {"requests_per_minute": 0},
-    }
+    } | ({"cache": {"lookup_budget_ms": args.lookup_budget_ms}} if args.lookup_budget_ms else {})
 
 
 async def overload(args: argparse.Namespace, target: Target, pid: int, port: int) -> dict[str, Any]:

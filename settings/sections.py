@@ -197,7 +197,7 @@ class CacheSettings(Section):
     latency_window: int = Field(2048, ge=1)
     embed_batch_max: int = Field(64, ge=1, le=1024)
     embed_batch_window_ms: float = Field(2.0, ge=0, le=100)
-    lookup_budget_ms: int = Field(250, ge=1, le=60_000)
+    lookup_budget_ms: int = Field(80, ge=1, le=60_000)
     sync_interval_s: float = Field(5.0, ge=0.5, le=3600)
 
 

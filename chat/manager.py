@@ -204,7 +204,7 @@ class ChatManager:
         hit = None if request.private else await self.cache.lookup(scope, request.text, request.params.max_tokens)
         if hit is not None:
             turn.cache_level = hit.level
-            self._served_from_cache(reply, hit, request.params.max_tokens)
+            self._served_from_cache(reply, hit, request.params)
             turn.emit(reply.text)
             return reply, hit.level, None
         history, compression = session.history, None
@@ -225,15 +225,26 @@ class ChatManager:
             turn.emit(unsent)
         return reply, level, compression
 
-    def _served_from_cache(self, reply: Reply, hit: CacheHit, max_tokens: int) -> None:
-        """A cached answer, cut to the request's max_tokens as the model would have cut it."""
+    def _served_from_cache(self, reply: Reply, hit: CacheHit, params: SamplingParams) -> None:
+        """A cached answer, ended where the model would have ended it for this request: at its
+        first stop token id or stop string, or at its max_tokens."""
         answer, ids = hit.answer, self.chat_format.encode(hit.answer)
-        if hit.cut or len(ids) > max_tokens:
+        stop_at = next((i for i, token_id in enumerate(ids) if token_id in params.stop_token_ids), None)
+        if stop_at is not None and stop_at < params.max_tokens:
+            ids = ids[:stop_at]
+            answer = self.chat_format.decode(ids)
+        elif hit.cut or len(ids) > params.max_tokens:
             reply.finish_reason = "length"
-        if len(ids) > max_tokens:
-            ids = ids[:max_tokens]
+        if len(ids) > params.max_tokens:
+            ids = ids[: params.max_tokens]
             # A cut inside a character's bytes decodes to U+FFFD: that character is not served.
             answer = self.chat_format.decode(ids).rstrip("\ufffd")
+        found = min(((answer.find(stop), stop) for stop in params.stop if stop in answer), default=None)
+        if found is not None:
+            # as the engine ends a reply at a stop string: its text without it, its ids with it
+            start, stop = found
+            ids = self.chat_format.encode(answer[: start + len(stop)])
+            answer, reply.finish_reason = answer[:start], "stop"
         reply.text, reply.generated_ids = answer, ids
         reply.first_text_at = time.perf_counter()
 

@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 
 from cache.keys import scope_key
 from cache.levels import CacheLevel
-from chat import ChatManager, ChatMessage, Conversation, InvalidMessage, Transcript
+from chat import ChatManager, ChatMessage, Conversation, InvalidMessage, Transcript, TurnResult
 from chat.compression import STAND_IN_PREFIX
 from chat.reply import Reply
 from chat.summarizer import SUMMARY_PREFIX
@@ -478,6 +478,34 @@ async def test_a_cut_reply_serves_only_as_cut_and_a_hit_honours_max_tokens(manag
         dave, "Tell me a short story.", params=dataclasses.replace(manager.sampling, max_tokens=64)
     ).collect()
     assert (full.reply, full.finish_reason, full.completion_tokens) == (answer, "stop", len(answer_ids))
+
+
+async def test_a_hit_ends_where_the_requests_stop_strings_and_stop_token_ids_would_end_it(
+    managers: ManagerFactory,
+) -> None:
+    manager = await managers(cache=True)
+    question, answer = "How do I book a meeting room?", "Open the calendar. Pick a room. Send the invite."
+    assert await manager.cache.store(scope_key(manager.model_name, "You are a test bot.", b""), question, answer)
+    wide = dataclasses.replace(manager.sampling, max_tokens=64)
+
+    async def served(chat_id: str, params: SamplingParams) -> TurnResult:
+        return await manager.turn(Conversation(channel="web", chat_id=chat_id), question, params=params).collect()
+
+    by_string = await served("frank", dataclasses.replace(wide, stop=["Send", ". Pick"]))
+    assert (by_string.cache_level, by_string.reply, by_string.finish_reason) == (
+        CacheLevel.EXACT,
+        "Open the calendar",
+        "stop",
+    )
+    room_id = manager.chat_format.encode(answer)[4]
+    by_id = await served("grace", dataclasses.replace(wide, stop_token_ids=[room_id]))
+    assert (by_id.reply, by_id.finish_reason, by_id.completion_tokens) == (
+        manager.chat_format.decode(manager.chat_format.encode(answer)[:4]),
+        "stop",
+        4,
+    )
+    unmatched = await served("heidi", dataclasses.replace(wide, stop=["Book"]))
+    assert (unmatched.reply, unmatched.finish_reason) == (answer, "stop")
 
 
 async def test_a_transcript_resent_after_a_restart_continues_its_session(

@@ -10,7 +10,7 @@ Reminders and scheduled prompts come back through `deliver`, posted in the chat 
 they were set in.
 
 At start, the messages a stopped process claimed but never finished answering are fetched and
-queued again (`Delivery.resumed`); a card it left streaming is closed with a line saying so. A
+queued again (`Delivery.resumed`); a card it left streaming becomes a line saying so. A
 click on an answer card's buttons (`card.action.trigger`) joins its chat's lane too: a new session,
 or the question answered again.
 """

@@ -230,13 +230,11 @@ class ChatManager:
         first stop token id or stop string, or at its max_tokens."""
         answer, ids = hit.answer, self.chat_format.encode(hit.answer)
         stop_at = next((i for i, token_id in enumerate(ids) if token_id in params.stop_token_ids), None)
-        if stop_at is not None and stop_at < params.max_tokens:
-            ids = ids[:stop_at]
-            answer = self.chat_format.decode(ids)
-        elif hit.cut or len(ids) > params.max_tokens:
+        end = params.max_tokens if stop_at is None else min(stop_at, params.max_tokens)
+        if end == params.max_tokens and (hit.cut or len(ids) > params.max_tokens):
             reply.finish_reason = "length"
-        if len(ids) > params.max_tokens:
-            ids = ids[: params.max_tokens]
+        if end < len(ids):
+            ids = ids[:end]
             # A cut inside a character's bytes decodes to U+FFFD: that character is not served.
             answer = self.chat_format.decode(ids).rstrip("\ufffd")
         found = min(((answer.find(stop), stop) for stop in params.stop if stop in answer), default=None)

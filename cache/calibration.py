@@ -52,8 +52,14 @@ def load_pairs(path: str | Path, split: str | None = None) -> list[LabelledPair]
 
 
 def similarities(pairs: list[LabelledPair], embedder: Embedder) -> np.ndarray:
-    vectors = embedder.encode([embedded_text(q) for p in pairs for q in (p.question_a, p.question_b)])
-    return np.einsum("ij,ij->i", vectors[0::2], vectors[1::2])
+    """The cache's similarity of each pair; -1 where a question is too long to be compared by
+    meaning, as the cache never would."""
+    texts = [(embedded_text(p.question_a), embedded_text(p.question_b)) for p in pairs]
+    compared = [i for i, (a, b) in enumerate(texts) if a is not None and b is not None]
+    vectors = embedder.encode([text for i in compared for text in texts[i] if text is not None])
+    similarity = np.full(len(pairs), -1.0, dtype=np.float32)
+    similarity[compared] = np.einsum("ij,ij->i", vectors[0::2], vectors[1::2])
+    return similarity
 
 
 def score(pairs: list[LabelledPair], embedder: Embedder, verifier: Verifier) -> Scores:

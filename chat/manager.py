@@ -210,7 +210,9 @@ class ChatManager:
         history, compression = session.history, None
         pending = len(request.user_ids) + len(self.chat_format.generation_prompt) + len(request.prefill_ids)
         if self.compressor.needed(history, pending):
-            compression = await self._compress(session, request.text, pending)
+            # The compression ahead of this turn (in the background) has not finished: this turn's
+            # own judges relevance by words, not embeddings, which it would wait for.
+            compression = await self._compress(session, request.text, pending, instant=True)
             history = compression.history if compression is not None else history
         prompt_ids = history.prompt(request.user_ids, self.chat_format.generation_prompt, request.prefill_ids)
         deltas, merged = await self._generate(scope, request, prompt_ids)
@@ -282,10 +284,12 @@ class ChatManager:
 
     # --- compression ----------------------------------------------------------------------------
 
-    async def _compress(self, session: SessionState, question: str, pending_tokens: int) -> Compression | None:
+    async def _compress(
+        self, session: SessionState, question: str, pending_tokens: int, *, instant: bool = False
+    ) -> Compression | None:
         """A compressed copy of the session's history; the session keeps its own until it stores it."""
         return await self.compressor.compress(
-            session.history, question, pending_tokens, session.next_turn, session.next_seq
+            session.history, question, pending_tokens, session.next_turn, session.next_seq, instant=instant
         )
 
     def _compressed(self, session: SessionState, num_tokens: int, compression: Compression) -> None:

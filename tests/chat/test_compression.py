@@ -48,3 +48,28 @@ async def test_a_stand_in_folds_an_earlier_one_in_without_repeating_its_prefix(
     assert compression is not None
     [stand_in] = [record.text for record in compression.history.records if record.role == "summary"]
     assert stand_in.count(STAND_IN_PREFIX) == 1 and "My dog is called Bruno." in stand_in
+
+
+async def test_a_turn_waiting_for_its_compression_judges_relevance_by_shared_words_and_embeds_nothing(
+    engine: LLMEngine, embedder: Embedder
+) -> None:
+    context = small_context(600, keep_last_turns=1)
+    chat_format = engine.chat_format()
+    summarizer = Summarizer(engine, chat_format, context.summary_max_tokens, context.summary_cache_entries)
+    cached = CachedEmbedder(embedder)
+    compressor = Compressor(context, cached, summarizer, chat_format)
+    fact = "My dog is called Bruno and he is a beagle."
+    history = history_of(
+        ("user", fact, 80),
+        ("assistant", "Noted.", 8),
+        ("user", "How do I center a div in CSS?", 80),
+        ("assistant", "Use flexbox.", 8),
+        ("user", "Recommend a science fiction novel.", 100),
+        ("assistant", "Try Dune.", 8),
+    )
+    # Room for one of the two older questions: by recency alone, the CSS one would stay.
+    compression = await compressor.compress(history, "What breed is my dog?", 40, 3, 10, instant=True)
+    assert compression is not None
+    kept = {record.text for record in compression.history.records}
+    assert fact in kept and "How do I center a div in CSS?" not in kept
+    assert len(cached) == 0

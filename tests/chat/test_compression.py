@@ -21,6 +21,14 @@ def history_of(*messages: tuple[Role, str, int]) -> TokenHistory:
     return history
 
 
+def compressor_of(engine: LLMEngine, embedder: CachedEmbedder, max_prompt_tokens: int) -> Compressor:
+    """A compressor that protects the last turn, its summaries written by `engine`."""
+    context = small_context(max_prompt_tokens, keep_last_turns=1)
+    chat_format = engine.chat_format()
+    summarizer = Summarizer(engine, chat_format, context.summary_max_tokens, context.summary_cache_entries)
+    return Compressor(context, embedder, summarizer, chat_format)
+
+
 def test_a_last_turn_too_big_to_keep_beside_a_summary_is_summarized_too(embedder: Embedder) -> None:
     context = small_context(512)
     history = history_of(("user", "a pasted log", 240), ("assistant", "It is a log.", 8))
@@ -32,10 +40,7 @@ def test_a_last_turn_too_big_to_keep_beside_a_summary_is_summarized_too(embedder
 async def test_a_stand_in_folds_an_earlier_one_in_without_repeating_its_prefix(
     engine: LLMEngine, embedder: Embedder
 ) -> None:
-    context = small_context(512, keep_last_turns=1)
-    chat_format = engine.chat_format()
-    summarizer = Summarizer(engine, chat_format, context.summary_max_tokens, context.summary_cache_entries)
-    compressor = Compressor(context, CachedEmbedder(embedder), summarizer, chat_format)
+    compressor = compressor_of(engine, CachedEmbedder(embedder), max_prompt_tokens=512)
     earlier = STAND_IN_PREFIX + "user: My dog is called Bruno."
     history = history_of(
         ("summary", earlier, 16),
@@ -53,11 +58,8 @@ async def test_a_stand_in_folds_an_earlier_one_in_without_repeating_its_prefix(
 async def test_a_turn_waiting_for_its_compression_judges_relevance_by_shared_words_and_embeds_nothing(
     engine: LLMEngine, embedder: Embedder
 ) -> None:
-    context = small_context(600, keep_last_turns=1)
-    chat_format = engine.chat_format()
-    summarizer = Summarizer(engine, chat_format, context.summary_max_tokens, context.summary_cache_entries)
     cached = CachedEmbedder(embedder)
-    compressor = Compressor(context, cached, summarizer, chat_format)
+    compressor = compressor_of(engine, cached, max_prompt_tokens=600)
     fact = "My dog is called Bruno and he is a beagle."
     history = history_of(
         ("user", fact, 80),

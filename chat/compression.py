@@ -2,10 +2,10 @@
 
 When the next prompt would not fit the budget, every earlier message outside the protected tail is
 scored for relevance to the current question (embedding similarity; shared words when a turn is
-waiting for the compression), recency and role. The
-highest-scoring ones stay, word for word; each run of dropped messages is replaced by a short
-summary. Order is kept. The result becomes the session's new stable prefix, so this runs rarely:
-it compresses to `compress_to_ratio` of the budget, leaving room for many turns.
+waiting for the compression), recency and role. The highest-scoring ones stay, word for word; each
+run of dropped messages is replaced by a short summary. Order is kept. The result becomes the
+session's new stable prefix, so this runs rarely: it compresses to `compress_to_ratio` of the
+budget, leaving room for many turns.
 
 A compression never waits for the model: a span the model has not summarized yet gets an
 extractive stand-in at once, and the model's summary replaces it later (`with_summaries`).

@@ -46,7 +46,10 @@ def store_kv(
 
 def gather_blocks(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
     """[..., num_blocks] block ids -> [..., num_kv_heads, num_blocks * block_size, head_dim]."""
-    return cache[block_table].flatten(-4, -3).transpose(-3, -2)
+    # index_select copies whole blocks (memcpy on CPU); indexing with the table, `cache[block_table]`,
+    # copies element by element: 431 against 113 us for 8 x 800 tokens of SmolLM2's KV heads.
+    blocks = cache.index_select(0, block_table.flatten()).view(*block_table.shape, *cache.shape[1:])
+    return blocks.flatten(-4, -3).transpose(-3, -2)
 
 
 def paged_attention(

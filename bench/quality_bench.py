@@ -5,8 +5,10 @@
 (1) facts through a prompt budget: long conversations (bench/quality/facts.yaml) in which the user
     states facts early and then talks about other things past the budget; each fact is then asked
     on its own, with the full context, with importance-scored compression (compressed at the
-    question; and as the app runs, compressed ahead turn by turn with the model's summaries) and
-    with the oldest turns truncated: answers right (greedy), prompt tokens, TTFT (prefix cache off);
+    question, relevance judged by shared words as a turn waiting on it does, or by embeddings as
+    compression ahead does; and as the app runs, compressed ahead turn by turn with the model's
+    summaries) and with the oldest turns truncated: answers right (greedy), prompt tokens, TTFT
+    (prefix cache off);
 (2) a sanity set (bench/quality/sanity.yaml): short factual questions answered right.
 The last line is JSON with every figure.
 """
@@ -66,7 +68,8 @@ class Variant:
 
 VARIANTS = {
     "full": Variant("full context", "full"),
-    "importance_at_question": Variant("importance, at the question", "imp@q"),
+    "importance_at_question": Variant("importance at the question", "imp@q"),
+    "importance_embedded_at_question": Variant("the same, judged by embeddings", "imp@qE"),
     "importance_as_app_runs": Variant("importance, as the app runs", "imp/app"),
     "truncation": Variant("truncation, oldest first", "trunc"),
 }
@@ -254,16 +257,18 @@ async def replay(parts: Parts, compressor: Compressor, dialogue: Dialogue) -> Se
     for exchange in dialogue.exchanges:
         pending = parts.pending_tokens(exchange.user)
         if compressor.needed(session.history, pending):
-            await compress(compressor, session, exchange.user, pending)
+            await compress(compressor, session, exchange.user, pending, instant=True)
         session.add_turn(parts.chat_format, exchange)
         if compressor.worth_doing_ahead(session.history):
-            await compress(compressor, session, exchange.user, len(parts.chat_format.generation_prompt))
+            await compress(compressor, session, exchange.user, len(parts.chat_format.generation_prompt), instant=False)
     return session
 
 
-async def compress(compressor: Compressor, session: Session, question: str, pending: int) -> None:
+async def compress(compressor: Compressor, session: Session, question: str, pending: int, *, instant: bool) -> None:
     """A compression stored in the session, then the model's summaries in place of its stand-ins."""
-    compression = await compressor.compress(session.history, question, pending, session.next_turn, session.next_seq)
+    compression = await compressor.compress(
+        session.history, question, pending, session.next_turn, session.next_seq, instant=instant
+    )
     if compression is None:
         return
     session.apply(compression)
@@ -274,12 +279,17 @@ async def compress(compressor: Compressor, session: Session, question: str, pend
             session.apply(rewritten)
 
 
-async def asked_after(compressor: Compressor, session: Session, question: str, pending: int) -> TokenHistory:
+async def asked_after(
+    compressor: Compressor, session: Session, question: str, pending: int, *, instant: bool = True
+) -> TokenHistory:
     """The history a turn sends with `question`, as ChatManager._answer makes it: compressed at the
-    question if the prompt would not fit, a span without the model's summary yet as a stand-in."""
+    question if the prompt would not fit (`instant`: relevance by shared words, as a turn waiting
+    on it judges it), a span without the model's summary yet as a stand-in."""
     if not compressor.needed(session.history, pending):
         return session.history
-    compression = await compressor.compress(session.history, question, pending, session.next_turn, session.next_seq)
+    compression = await compressor.compress(
+        session.history, question, pending, session.next_turn, session.next_seq, instant=instant
+    )
     return session.history if compression is None else compression.history
 
 
@@ -308,13 +318,16 @@ def copied(history: TokenHistory, records: list[MessageRecord]) -> TokenHistory:
 async def contexts(parts: Parts, dialogue: Dialogue) -> dict[str, list[TokenHistory]]:
     """Per variant, the history each of the dialogue's questions is asked after."""
     full = whole(parts, dialogue)
-    at_question, as_app_runs = parts.compressor(), parts.compressor()
+    at_question, embedded_at_question, as_app_runs = parts.compressor(), parts.compressor(), parts.compressor()
     replayed = await replay(parts, as_app_runs, dialogue)
     histories: dict[str, list[TokenHistory]] = {name: [] for name in VARIANTS}
     for probe in dialogue.questions:
         pending = parts.pending_tokens(probe.question)
         histories["full"].append(full.history)
         histories["importance_at_question"].append(await asked_after(at_question, full, probe.question, pending))
+        histories["importance_embedded_at_question"].append(
+            await asked_after(embedded_at_question, full, probe.question, pending, instant=False)
+        )
         histories["importance_as_app_runs"].append(await asked_after(as_app_runs, replayed, probe.question, pending))
         histories["truncation"].append(truncated(full.history, pending, BUDGET))
     return histories

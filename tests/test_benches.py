@@ -84,8 +84,9 @@ def test_overload_bench() -> None:
 def test_quality_bench(smollm2_dir: Path) -> None:
     figures = run_bench("quality_bench.py", "--quick", "--data-dir", str(SHARED_DATA_DIR))
     facts = figures["facts"]
-    assert set(facts["variants"]) == {"full", "importance_at_question", "importance_as_app_runs", "truncation"}
+    compressed = ("importance_at_question", "importance_embedded_at_question", "importance_as_app_runs", "truncation")
+    assert set(facts["variants"]) == {"full", *compressed}
     full_tokens = facts["variants"]["full"]["mean_prompt_tokens"]
-    for name in ("importance_at_question", "importance_as_app_runs", "truncation"):
+    for name in compressed:
         assert facts["variants"][name]["mean_prompt_tokens"] <= facts["budget"] < full_tokens
     assert figures["sanity"]["accuracy"] > 0  # the real model answers

@@ -6,8 +6,6 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Self
 
-import torch
-
 from .architecture import Architecture
 from .chat_format import ChatFormat
 from .checkpoints import eos_token_ids, load_config, load_tokenizer, resolve_checkpoint
@@ -62,7 +60,6 @@ class LLMEngine:
         self._live: set[str] = set()
         self._stopped = False
         self._requests: dict[str, Request] = {}
-        self._num_threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._run_loop, name="llm-engine", daemon=True)
 
     @classmethod
@@ -227,8 +224,6 @@ class LLMEngine:
             self._lock.notify()
 
     def _run_loop(self) -> None:
-        # a new thread starts with OpenMP's default team size, not the one the process chose
-        torch.set_num_threads(self._num_threads)
         while True:
             with self._lock:
                 while not (

@@ -204,6 +204,20 @@ def test_figures_expose_the_engine(engine: LLMEngine) -> None:
     assert figures.dtype == "float32" and figures.is_demo_model is False
 
 
+def test_a_step_of_a_few_tokens_leaves_a_core_to_the_app(engine: LLMEngine) -> None:
+    steps: list[tuple[int, int]] = []  # (tokens computed, threads computing them)
+    hook = engine.core.runner.model.register_forward_pre_hook(
+        lambda _, args: steps.append((len(args[0]), torch.get_num_threads()))
+    )
+    try:
+        engine.generate([prompt_of(40, seed=13)], SamplingParams(max_tokens=4, ignore_eos=True))
+    finally:
+        hook.remove()
+    threads = engine.core.runner.num_threads
+    assert threads == torch.get_num_threads()
+    assert steps == [(40, threads)] + [(1, max(1, threads - 1))] * 3
+
+
 def test_a_request_before_start_is_refused(small_checkpoint: Checkpoint) -> None:
     engine = LLMEngine.from_pretrained(str(small_checkpoint.path), kv_cache_tokens=256)
     with pytest.raises(RuntimeError, match="not started"):

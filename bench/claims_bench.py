@@ -199,7 +199,7 @@ def compression(engine: LLMEngine, uncached: LLMEngine, chat_format: ChatFormat,
         turn that must compress itself does it, by shared words."""
         compressor = Compressor(settings, CachedEmbedder(embedder), summarizer, chat_format)
         if how == "prepared":
-            compressor.prepare(history)
+            asyncio.run(compressor.prepare(history))
         _words.cache_clear()  # each message segmented anew, as at a conversation's first compression
         started = time.perf_counter()
         done = asyncio.run(

@@ -17,7 +17,9 @@ import asyncio
 import hashlib
 import re
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -100,6 +102,11 @@ class Compressor:
         self.embedder = embedder
         self.summarizer = summarizer
         self.chat_format = chat_format
+        # The embedder takes one call at a time, and preparing or planning may take seconds (30
+        # messages: ~1.8 s on 2 cores). In the default thread pool, the calls waiting for it held
+        # its workers, and every turn's database units of work queued behind them (a turn waited
+        # 80-240 ms for the session lock of a plan being saved).
+        self._embedding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compression")
 
     def needed(self, history: TokenHistory, pending_tokens: int) -> bool:
         return history.num_tokens + pending_tokens > self.settings.max_prompt_tokens
@@ -111,9 +118,14 @@ class Compressor:
     def worth_preparing(self, history: TokenHistory) -> bool:
         return history.num_tokens >= self.settings.max_prompt_tokens * PREPARE_RATIO
 
-    def prepare(self, history: TokenHistory) -> None:
-        """Embeds the messages a plan would score; the embedder keeps them (a worker thread's job)."""
-        self.embedder.encode([_relevance_text(record) for record in tuple(history.records) if record.role != "system"])
+    async def prepare(self, history: TokenHistory) -> None:
+        """Embeds the messages a plan would score; the embedder keeps them."""
+        texts = [_relevance_text(record) for record in history.records if record.role != "system"]
+        await asyncio.get_running_loop().run_in_executor(self._embedding, self.embedder.encode, texts)
+
+    def close(self) -> None:
+        """Stops the embedding thread; a call on it still running finishes, unawaited."""
+        self._embedding.shutdown(wait=False, cancel_futures=True)
 
     async def compress(
         self,
@@ -128,10 +140,9 @@ class Compressor:
         """The new history, None when nothing can be dropped; summaries take seqs from `next_seq`
         on. `history` is left as it is. `instant`: for a turn waiting on it, no embedding (see
         `plan_compression`)."""
-        embedder = None if instant else self.embedder
-        plan = await asyncio.to_thread(
-            plan_compression, history, question, pending_tokens, current_turn, embedder, self.settings
-        )
+        embedder, executor = (None, None) if instant else (self.embedder, self._embedding)  # None: the default pool
+        work = partial(plan_compression, history, question, pending_tokens, current_turn, embedder, self.settings)
+        plan = await asyncio.get_running_loop().run_in_executor(executor, work)
         if not plan.spans:
             return None
         compressed = TokenHistory()

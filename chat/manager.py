@@ -308,8 +308,7 @@ class ChatManager:
 
     def _prepare_compression(self, session: SessionState) -> None:
         if self.compressor.worth_preparing(session.history):
-            work = asyncio.to_thread(self.compressor.prepare, session.history)
-            self._in_background(work, f"embed-session-{session.id}")
+            self._in_background(self.compressor.prepare(session.history), f"embed-session-{session.id}")
 
     def _compress_ahead(self, session: SessionState) -> None:
         """Past the high-water mark, compress now, in the background, so that the next turn finds
@@ -380,6 +379,7 @@ class ChatManager:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        self.compressor.close()
         await self.cache.close()
 
     # --- figures --------------------------------------------------------------------------------

@@ -29,6 +29,9 @@ FOOTER_RULE = "\n\n---\n"
 ERROR_FOOTER = FOOTER_RULE + "⚠️ Something went wrong while I was answering; please try again."
 UNAVAILABLE_FOOTER = FOOTER_RULE + "⚠️ Sorry, the model server cannot be reached now; please try again in a minute."
 INTERRUPTED = "⚠️ This answer was cut off; it is answered again in a new reply."
+# A reply of nothing visible (SmolLM2 sometimes answers only line breaks) would leave the card's
+# "…" looking as if the answer were still coming.
+EMPTY_ANSWER = "⚠️ The model gave an empty answer; please rephrase or ask again."
 # How a card is named to whoever closes it later: a CardKit card by card_id, a patched one by message_id.
 CARDKIT_CARD = "cardkit:"
 PATCHED_CARD = "message:"
@@ -100,7 +103,7 @@ class Replier:
                 if time.monotonic() >= next_update:
                     await card.update(text)
                     next_update = time.monotonic() + self._interval_s
-            await card.finish(text, actions)
+            await card.finish(text or EMPTY_ANSWER, actions)
         except asyncio.CancelledError:
             log.warning("feishu: the answer to %s was cancelled", message_id)
             await card.finish(_ended(text, ERROR_FOOTER), actions)

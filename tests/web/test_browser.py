@@ -3,7 +3,8 @@ console page go to test-artifacts/ (git-ignored)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -13,7 +14,7 @@ from tests.web.browser_support import ADMIN_TOKEN, ARTIFACTS, log_in
 from tests.web.web_support import running_app
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page
+    from playwright.sync_api import Browser, Page, Route
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -45,6 +46,37 @@ def test_wrong_token_is_refused(app: AppProcess, page: Page) -> None:
     page.goto(f"{app.base_url}/admin")
     assert page.url.endswith("/admin/login")  # no session was granted
     assert page.request.get(f"{app.base_url}/admin/api/stats").status == 401
+
+
+def test_a_new_session_asked_for_while_the_history_loads_keeps_the_composer_waiting(
+    app: AppProcess, page: Page
+) -> None:
+    page.goto(app.base_url)
+    page.fill("#text", "Remember this question")
+    page.press("#text", "Enter")
+    playwright_api.expect(page.locator(".msg.assistant .badge").first).to_be_visible()
+    held: dict[str, Route] = {}  # by the last part of its path, until the test lets it through
+    page.route(
+        "**/chat/api/{history,reset}", lambda route: held.__setitem__(route.request.url.rsplit("/", 1)[1], route)
+    )
+    page.reload()
+    wait_until(page, lambda: "history" in held)
+    page.click("#new-session")
+    held.pop("history").continue_()
+    playwright_api.expect(page.locator(".msg")).to_have_count(2)  # the history is shown...
+    playwright_api.expect(page.locator("#text")).to_be_disabled()  # ...and the reset still awaited
+    wait_until(page, lambda: "reset" in held)
+    held.pop("reset").continue_()
+    playwright_api.expect(page.locator(".msg")).to_have_count(0)
+    playwright_api.expect(page.locator("#text")).to_be_enabled()
+
+
+def wait_until(page: Page, condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Until `condition` holds, letting the page's events (route handlers) run meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        page.wait_for_timeout(20)
 
 
 def test_chat_twice_then_console_shows_the_hit(app: AppProcess, browser: Browser) -> None:

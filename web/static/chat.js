@@ -153,14 +153,23 @@ input.addEventListener("keydown", (event) => {
 
 // While the session is being loaded or replaced, the composer waits: a message sent meanwhile
 // would be shown before the history it follows, or cleared along with the old conversation.
-async function withComposerLocked(work) {
+// Those works take turns, and the composer waits for all of them: "New session" pressed while
+// the history loads used to be unlocked by the history's end, and a message sent then was
+// answered in the old session and wiped from view by the reset that came after it.
+let composerWork = Promise.resolve();
+let composerWaiting = 0;
+function withComposerLocked(work) {
+  composerWaiting += 1;
   input.disabled = true;
-  try {
-    await work();
-  } finally {
-    input.disabled = false;
-    input.focus();
-  }
+  composerWork = composerWork
+    .then(work)
+    .finally(() => {
+      composerWaiting -= 1;
+      if (composerWaiting > 0) return;
+      input.disabled = false;
+      input.focus();
+    })
+    .catch((error) => bubble("error", `The connection failed: ${error.message}`));
 }
 
 document.getElementById("new-session").addEventListener("click", () => withComposerLocked(async () => {

@@ -153,9 +153,9 @@ input.addEventListener("keydown", (event) => {
 
 // While the session is being loaded or replaced, the composer waits: a message sent meanwhile
 // would be shown before the history it follows, or cleared along with the old conversation.
-// Those works take turns, and the composer waits for all of them: "New session" pressed while
-// the history loads used to be unlocked by the history's end, and a message sent then was
-// answered in the old session and wiped from view by the reset that came after it.
+// Those works take turns, and the composer stays locked until the last one ends: "New session"
+// pressed while the history loads is not unlocked by the history's end, or a message sent then
+// would be answered in the old session and wiped from view by the reset.
 let composerWork = Promise.resolve();
 let composerWaiting = 0;
 function withComposerLocked(work) {

@@ -147,10 +147,19 @@ class ResponseCache:
 
     # --- serving ------------------------------------------------------------------------------
 
-    async def lookup(self, scope: Scope, question: str, max_tokens: int | None = None) -> CacheHit | None:
+    async def lookup(
+        self,
+        scope: Scope,
+        question: str,
+        max_tokens: int | None = None,
+        *,
+        while_embedding: Callable[[], None] | None = None,
+    ) -> CacheHit | None:
         """An earlier answer to `question` in `scope` that this request may get: a complete one,
         or one the model cut at its max_tokens when this request asks for no more (`max_tokens`;
-        None: a complete answer only)."""
+        None: a complete answer only). `while_embedding` is called when L1 has missed and the
+        question is about to be embedded, which takes tens of milliseconds: the caller may start
+        meanwhile what a miss needs."""
         if not self.settings.enabled:
             return None
         if contains_pii(question):
@@ -159,8 +168,11 @@ class ResponseCache:
         started = time.perf_counter()
         now, key = self._clock(), l1_key(scope, question)
         hit, comparable = await self._in_lookups(self._exact, scope.key, key, now, max_tokens)
-        text = embedded_text(question)
-        vector = await self._embedding_in_budget(text) if hit is None and comparable and text is not None else None
+        text, vector = embedded_text(question), None
+        if hit is None and comparable and text is not None:
+            if while_embedding is not None:
+                while_embedding()
+            vector = await self._embedding_in_budget(text)
         if vector is not None:
             candidates = await self._in_lookups(self._nearest, scope.key, vector, now, max_tokens)
             self._remember(key, vector)

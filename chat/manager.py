@@ -1,7 +1,8 @@
 """ChatManager: the turn pipeline.
 
-    session, under its lock -> response cache (L1, L2) -> compression if the prompt would not fit
-    -> request merging -> Engine.stream -> reply streamed to the caller -> turn stored
+    session, under its lock -> response cache (L1, L2; while L2 embeds the question, the engine
+    starts on it) -> compression if the prompt would not fit -> request merging -> Engine.stream
+    -> reply streamed to the caller -> turn stored
     -> answer cached -> in the background: the model's summaries for the compression's
     stand-ins; compression ahead of the next turn, if due
 
@@ -14,7 +15,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from cache.keys import Scope, l1_key, scope_key
@@ -22,6 +24,7 @@ from cache.levels import CacheLevel
 from cache.response_cache import CacheHit, ResponseCache
 from chat.compression import Compression, Compressor
 from chat.figures import ChatFigures, TurnCounter
+from chat.history import TokenHistory
 from chat.merging import MergedStream, RequestMerger
 from chat.reply import Reply
 from chat.sessions import API_CHANNEL, Conversation, SessionState, SessionStore
@@ -201,12 +204,51 @@ class ChatManager:
     ) -> tuple[Reply, CacheLevel, Compression | None]:
         """The reply, from the cache or the model, streamed to `turn` as it comes."""
         reply = Reply()
-        hit = None if request.private else await self.cache.lookup(scope, request.text, request.params.max_tokens)
-        if hit is not None:
-            turn.cache_level = hit.level
-            self._served_from_cache(reply, hit, request.params)
-            turn.emit(reply.text)
-            return reply, hit.level, None
+        # A stream left, however this ends, stops its generation when no one else awaits it.
+        with ExitStack() as streams:
+            begun: list[MergedStream[StreamDelta]] = []
+
+            def begin() -> None:
+                # Embedding the question takes 30-90 ms on 2 cores, about what the engine takes to
+                # start on a short prompt: it starts meanwhile, and a hit stops it. A question the
+                # cache embeds opens its conversation, so there is nothing to compress first.
+                begun.append(self._flight(scope, request, self._prompt(session.history, request)))
+                streams.callback(begun[0].leave)
+
+            hit = None
+            if not request.private:
+                hit = await self.cache.lookup(scope, request.text, request.params.max_tokens, while_embedding=begin)
+            if hit is not None:
+                turn.cache_level = hit.level
+                self._served_from_cache(reply, hit, request.params)
+                turn.emit(reply.text)
+                return reply, hit.level, None
+            stream, compression = await self._generation(session, request, scope, begun[0] if begun else None)
+            streams.callback(stream.leave)
+            level = turn.cache_level = CacheLevel.MISS if stream.leader else CacheLevel.MERGED
+            # The prefill is the reply's start; the caller gets it with the model's first text, once
+            # the engine has taken the prompt (a refused prompt is then an error before any text).
+            reply.text = unsent = request.prefill
+            async for piece in reply.visible(aiter(stream), None if request.prefill else self._think_end):
+                turn.emit(unsent + piece)
+                unsent = ""
+            if unsent:
+                turn.emit(unsent)
+            return reply, level, compression
+
+    async def _generation(
+        self, session: SessionState, request: _Request, scope: Scope, begun: MergedStream[StreamDelta] | None
+    ) -> tuple[MergedStream[StreamDelta], Compression | None]:
+        """What a question the cache missed is answered by: the generation of a recent first
+        question it paraphrases, joined; or its own, `begun` during the lookup or started now,
+        the history compressed first if the prompt would not fit."""
+        joined = await self._paraphrase_flight(scope, request, begun)
+        if joined is not None:
+            if begun is not None:
+                begun.leave()
+            return joined, None
+        if begun is not None:
+            return begun, None
         history, compression = session.history, None
         pending = len(request.user_ids) + len(self.chat_format.generation_prompt) + len(request.prefill_ids)
         if self.compressor.needed(history, pending):
@@ -214,18 +256,7 @@ class ChatManager:
             # own judges relevance by words, not embeddings, which it would wait for.
             compression = await self._compress(session, request.text, pending, instant=True)
             history = compression.history if compression is not None else history
-        prompt_ids = history.prompt(request.user_ids, self.chat_format.generation_prompt, request.prefill_ids)
-        deltas, merged = await self._generate(scope, request, prompt_ids)
-        level = turn.cache_level = CacheLevel.MERGED if merged else CacheLevel.MISS
-        # The prefill is the reply's start; the caller gets it with the model's first text, once
-        # the engine has taken the prompt (a refused prompt is then an error before any text).
-        reply.text = unsent = request.prefill
-        async for piece in reply.visible(deltas, None if request.prefill else self._think_end):
-            turn.emit(unsent + piece)
-            unsent = ""
-        if unsent:
-            turn.emit(unsent)
-        return reply, level, compression
+        return self._flight(scope, request, self._prompt(history, request)), compression
 
     def _served_from_cache(self, reply: Reply, hit: CacheHit, params: SamplingParams) -> None:
         """A cached answer, ended where the model would have ended it for this request: at its
@@ -248,39 +279,51 @@ class ChatManager:
         reply.text, reply.generated_ids = answer, ids
         reply.first_text_at = time.perf_counter()
 
-    async def _generate(
-        self, scope: Scope, request: _Request, prompt_ids: TokenArray
-    ) -> tuple[AsyncIterator[StreamDelta], bool]:
-        """Engine deltas for this prompt, shared with a request already running that asks the same
-        (the identical question, or a first question it paraphrases) if any."""
+    def _prompt(self, history: TokenHistory, request: _Request) -> TokenArray:
+        return history.prompt(request.user_ids, self.chat_format.generation_prompt, request.prefill_ids)
+
+    def _flight(self, scope: Scope, request: _Request, prompt_ids: TokenArray) -> MergedStream[StreamDelta]:
+        """The engine's generation for this prompt, which requests asking the identical question
+        join while it runs; a request that may not share it gets one nobody joins."""
         params = request.params
-        if request.private or not (request.merge and self.merge_requests):
-            return self.engine.stream(prompt_ids, params), False
-        key, group = f"{l1_key(scope, request.text)}:{params!r}", f"{scope.key}:{params!r}"
-        stream = None
-        # Like an L2 hit, only where no conversation comes before the question.
-        if self.merge_paraphrases and scope.shared and key not in self.merger:
-            stream = await self._paraphrase_flight(scope, request.text, group)
-        if stream is None:
-            stream = self.merger.run(
-                key, lambda: self.engine.stream(prompt_ids, params), group=group, label=request.text
-            )
+        if self._mergeable(request):
+            key, group = self._key(scope, request), self._group(scope, params)
+        else:
+            key, group = uuid.uuid4().hex, ""
+        return self.merger.run(key, lambda: self.engine.stream(prompt_ids, params), group=group, label=request.text)
 
-        async def deltas() -> AsyncIterator[StreamDelta]:
-            async with stream:
-                async for delta in stream:
-                    yield delta
-
-        return deltas(), not stream.leader
-
-    async def _paraphrase_flight(self, scope: Scope, question: str, group: str) -> MergedStream[StreamDelta] | None:
-        """The recent flight of `group` whose question `question` paraphrases, joined; None if none."""
-        recent = self.merger.running(group, time.monotonic() - self.merge_window_s)
+    async def _paraphrase_flight(
+        self, scope: Scope, request: _Request, begun: MergedStream[StreamDelta] | None
+    ) -> MergedStream[StreamDelta] | None:
+        """The flight of a recent first question that `request` paraphrases, started before the
+        request's own generation if that has `begun`, joined; None if none. Like an L2 hit, only
+        where no conversation comes before the question."""
+        if not (self._mergeable(request) and self.merge_paraphrases and scope.shared):
+            return None
+        if begun is not None and not begun.leader:
+            return None  # it joined the identical question's flight
+        if begun is None and self._key(scope, request) in self.merger:
+            return None  # the identical question's flight: joined as the request starts its own
+        until = begun.started_at if begun is not None else time.monotonic()
+        recent = self.merger.running(self._group(scope, request.params), until - self.merge_window_s, until)
         flights = {label: key for key, label in recent}
         if not flights:
             return None
-        same = await self.cache.paraphrase(scope, question, list(flights))
+        same = await self.cache.paraphrase(scope, request.text, list(flights))
         return None if same is None else self.merger.join(flights[same])
+
+    @staticmethod
+    def _key(scope: Scope, request: _Request) -> str:
+        """What two requests must share to be the identical one."""
+        return f"{l1_key(scope, request.text)}:{request.params!r}"
+
+    def _mergeable(self, request: _Request) -> bool:
+        return not request.private and request.merge and self.merge_requests
+
+    @staticmethod
+    def _group(scope: Scope, params: SamplingParams) -> str:
+        """What two requests must share to be answered alike."""
+        return f"{scope.key}:{params!r}"
 
     # --- compression ----------------------------------------------------------------------------
 

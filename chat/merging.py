@@ -78,6 +78,11 @@ class MergedStream(Generic[T]):
             else:
                 await flight.changed.wait()
 
+    @property
+    def started_at(self) -> float:
+        """When the flight started (time.monotonic)."""
+        return self._flight.started_at
+
     def leave(self) -> None:
         if not self._left:
             self._left = True
@@ -86,10 +91,10 @@ class MergedStream(Generic[T]):
 
 @dataclass(frozen=True)
 class MergerFigures:
-    leaders: int
+    leaders: int  # generations started: every one is a flight, if only of its own request
     merged: int  # requests that joined an identical one's flight
     merged_paraphrases: int  # requests that joined the flight of a question they paraphrase
-    cancelled: int  # producers stopped because every waiter left
+    cancelled: int  # producers stopped because every waiter left (the turn went, or a hit came)
     in_flight: int
 
 
@@ -114,12 +119,13 @@ class RequestMerger(Generic[T]):
         self._leaders += 1
         return self._board(key, flight, leader=True)
 
-    def running(self, group: str, started_since: float) -> list[tuple[str, str]]:
-        """(key, label) of the flights of `group` started at `started_since` (time.monotonic) or later."""
+    def running(self, group: str, started_since: float, started_before: float) -> list[tuple[str, str]]:
+        """(key, label) of the flights of `group` started from `started_since` up to, not
+        including, `started_before` (time.monotonic)."""
         return [
             (key, flight.label)
             for key, flight in self._flights.items()
-            if flight.group == group and flight.started_at >= started_since
+            if flight.group == group and started_since <= flight.started_at < started_before
         ]
 
     def join(self, key: str) -> MergedStream[T] | None:

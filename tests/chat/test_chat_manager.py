@@ -308,6 +308,39 @@ def engine_requests(manager: ChatManager) -> int:
     return sum(manager.engine.figures().activity.finish_reasons.values())
 
 
+async def engine_finished(manager: ChatManager, reason: str, count: int) -> None:
+    """Waits until the engine has ended `count` requests for `reason` (an abort is the engine
+    thread's to carry out, after the turn that asked for it has returned)."""
+    deadline = time.monotonic() + 10
+    while manager.engine.figures().activity.finish_reasons.get(reason, 0) < count:
+        assert time.monotonic() < deadline, f"the engine ended fewer than {count} requests for {reason!r}"
+        await asyncio.sleep(0.01)
+
+
+async def test_the_engine_starts_on_a_question_while_the_cache_embeds_it_and_a_semantic_hit_stops_it(
+    managers: ManagerFactory,
+) -> None:
+    # Long replies, so that the one begun during the lookup is still running when the hit comes.
+    manager = await managers(cache=True, generation=GREEDY.model_copy(update={"max_tokens": 256}))
+    requests, aborts = engine_requests(manager), manager.engine.figures().activity.finish_reasons.get("abort", 0)
+    first = await ask(manager, ALICE, "How do I reset my password?")  # nothing to compare with: not embedded
+    assert engine_requests(manager) == requests + 1
+
+    # The scope holds a vector now: the next first question is embedded, and its reply is the
+    # generation that began meanwhile.
+    miss = await ask(manager, BOB, "What is the refund policy?")
+    assert miss.cache_level is CacheLevel.MISS and miss.completion_tokens == 256
+    assert engine_requests(manager) == requests + 2
+
+    hit = await ask(manager, Conversation(channel="web", chat_id="carol"), "How can I reset my password?")
+    # the cached answer, to this request's 256 tokens (the demo's text re-encodes to more)
+    assert hit.cache_level is CacheLevel.SEMANTIC and first.reply.startswith(hit.reply)
+    await engine_finished(manager, "abort", aborts + 1)
+    assert engine_requests(manager) == requests + 3
+    assert manager.engine.figures().requests.running == 0
+    assert manager.figures().merging.in_flight == 0
+
+
 async def test_identical_concurrent_questions_share_one_engine_request(managers: ManagerFactory) -> None:
     manager = await managers(cache=False)
     chats = [Conversation(channel="feishu", chat_id=f"oc_{index}") for index in range(20)]

@@ -9,7 +9,7 @@ from contextlib import aclosing
 from cache.levels import CacheLevel
 from chat import ChatManager, Conversation, TurnResult
 from tests.chat.chat_support import GREEDY, ManagerFactory, ask, session_of
-from tests.chat.test_chat_manager import engine_requests
+from tests.chat.test_chat_manager import engine_finished, engine_requests
 
 # Long enough that the second question, sent once the first's reply has begun, finds it running:
 # 256 demo-model tokens take ~2 s on 2 cores, the second question's embeddings ~50 ms.
@@ -47,6 +47,25 @@ async def test_a_paraphrase_joins_the_generation_of_the_question_it_rewords(mana
     ann, bob = session_of(manager, chat("ann")).history, session_of(manager, chat("bob")).history
     assert [record.text for record in bob.records[-2:]] == ["明天北京的天气怎么样？", first.reply]
     assert bob.ids_of(bob.records[-1]).tolist() == ann.ids_of(ann.records[-1]).tolist()
+
+
+async def test_a_paraphrase_whose_own_generation_began_during_its_lookup_joins_the_earlier_one(
+    managers: ManagerFactory,
+) -> None:
+    """With a vector in the scope, the paraphrase's lookup embeds it, and the engine starts on it
+    meanwhile; once the lookup has missed, it joins the question it rewords, begun earlier, and
+    its own generation stops."""
+    manager = await managers(cache=True, generation=LONG)
+    await ask(manager, chat("carol"), "What is the refund policy?")
+    before, aborts = engine_requests(manager), manager.engine.figures().activity.finish_reasons.get("abort", 0)
+    first, second = await asked_while_answering(
+        manager, (chat("ann"), "北京明天天气怎么样"), (chat("bob"), "明天北京的天气怎么样？")
+    )
+    assert (first.cache_level, second.cache_level) == (CacheLevel.MISS, CacheLevel.MERGED)
+    assert second.reply == first.reply
+    assert manager.figures().merging.merged_paraphrases == 1
+    await engine_finished(manager, "abort", aborts + 1)  # the paraphrase's own
+    assert engine_requests(manager) - before == 2
 
 
 async def test_a_hard_negative_gets_its_own_generation(managers: ManagerFactory) -> None:

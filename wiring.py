@@ -166,6 +166,8 @@ def build_app(settings: Settings) -> FastAPI:
             reminders.stop()
             scheduler.shutdown(wait=False)
             await chat_manager.close()
+            if memory is not None:
+                memory.close()
             if not await engine.close(ENGINE_STOP_TIMEOUT_S):
                 log.warning("the engine is still in a step after %.0f s: exiting without it", ENGINE_STOP_TIMEOUT_S)
             db.close()

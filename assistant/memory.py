@@ -13,8 +13,11 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 import numpy as np
 from sqlalchemy import delete, func, select
@@ -27,6 +30,8 @@ from settings import AssistantSettings
 from storage import Database, Memory
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # Owners whose index stays in memory; one of 200 facts is 200 x 384 floats (300 KB).
 MAX_INDEXES_IN_MEMORY = 1000
@@ -96,6 +101,15 @@ class MemoryStore:
         self.settings = settings
         self._indexes: OrderedDict[str, _OwnerIndex] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()  # the indexes, touched from worker threads
+        # Saves and recalls embed, and the embedder takes one call at a time (15-50 ms each on 2
+        # cores). In the default thread pool, the calls waiting for it held its workers, which
+        # every turn's database units of work need: a burst of messages from people with
+        # memories would queue the turns behind the embedder.
+        self._embedding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memory")
+
+    def close(self) -> None:
+        """Stops the embedding thread; a call on it still running finishes, unawaited."""
+        self._embedding.shutdown(wait=False, cancel_futures=True)
 
     async def save(self, owner: str, text: str, source: str = "asked") -> MemoryRecord:
         text = " ".join(text.split())
@@ -105,7 +119,7 @@ class MemoryStore:
             raise MemoryRefused(
                 f"That is too long to remember ({len(text)} characters; at most {self.settings.max_memory_chars})."
             )
-        return await asyncio.to_thread(self._save, owner, text, source)
+        return await self._embedding_thread(self._save, owner, text, source)
 
     async def memories(self, owner: str) -> list[MemoryRecord]:
         return await asyncio.to_thread(self._list, owner)
@@ -121,10 +135,13 @@ class MemoryStore:
         """The owner's memories closest in meaning to `question`, closest first."""
         if self.settings.recall_memories == 0:
             return []
-        return await asyncio.to_thread(self._recall, owner, question)
+        return await self._embedding_thread(self._recall, owner, question)
 
     async def counts(self) -> MemoryCounts:
         return await asyncio.to_thread(self._counts)
+
+    async def _embedding_thread(self, work: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._embedding, work, *args)
 
     # --- worker threads ---------------------------------------------------------------------------
 

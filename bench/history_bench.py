@@ -144,7 +144,7 @@ def admission(tokenizer: PreTrainedTokenizerBase, session_tokens: int, repeat: i
     prompt = history.prompt(chat_format.message("user", "那明天呢？"), chat_format.generation_prompt)
     config = EngineConfig(kv_cache_tokens=2 * session_tokens)
     pool = KVPool(cdiv(config.kv_cache_tokens, config.block_size), config.block_size, enable_prefix_caching=True)
-    scheduler = Scheduler(config, pool)
+    scheduler = Scheduler(config, pool, config.kv_cache_tokens)
     inputs = InputProcessor(tokenizer, VOCAB_SIZE, config.kv_cache_tokens)
     params = SamplingParams(max_tokens=64)
 

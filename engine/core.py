@@ -9,6 +9,7 @@ from .outputs import FinishReason
 from .sampler import sample
 from .scheduler import Scheduler
 from .sequence import Sequence
+from .speculation import accept_draft
 
 
 class EngineCore:
@@ -22,12 +23,12 @@ class EngineCore:
     def __init__(self, model: CausalLM, config: EngineConfig, eos_token_ids: list[int]) -> None:
         self.runner = ModelRunner(model, config)
         self.kv_pool = KVPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config, self.kv_pool)
         self.eos_token_ids = frozenset(eos_token_ids)
         max_positions = model.arch.max_position_embeddings
         self.max_model_len = min(
             config.max_model_len or max_positions, max_positions, self.kv_pool.num_blocks * config.block_size
         )
+        self.scheduler = Scheduler(config, self.kv_pool, self.max_model_len)
         self.metrics = EngineMetrics()
 
     def add(self, seq: Sequence) -> None:
@@ -43,24 +44,53 @@ class EngineCore:
     def has_unfinished_sequences(self) -> bool:
         return not self.scheduler.is_finished()
 
-    def step(self) -> list[tuple[Sequence, int]]:
-        """Computes one scheduled batch. Returns every sequence that got a token, with the token;
-        a sequence its token ended is finished already."""
+    def step(self) -> list[tuple[Sequence, list[int]]]:
+        """Computes one scheduled batch. Returns every sequence that got tokens, with the tokens
+        (more than one where draft tokens were accepted); a sequence its tokens ended is finished
+        already."""
         start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         assert scheduled, "a scheduler with work must schedule something"
         seqs, logits = self.runner.run(scheduled)
-        token_ids: list[int] = sample(
-            logits, [s.params for s in seqs], [s.seed for s in seqs], [s.num_output_tokens for s in seqs]
+        # one row per position sampled: each sequence's last token, then its draft tokens
+        rows = [(seq, i) for seq in seqs for i in range(1 + len(seq.draft_token_ids))]
+        sampled: list[int] = sample(
+            logits, [s.params for s, _ in rows], [s.seed for s, _ in rows], [s.num_output_tokens + i for s, i in rows]
         ).tolist()
-        self.scheduler.postprocess(scheduled)
-        for seq, token_id in zip(seqs, token_ids, strict=True):
-            seq.append_token(token_id)
-            reason = self._finish_reason(seq, token_id)
-            if reason is not None:
-                self.finish(seq, reason)
-        self.metrics.record_step(time.perf_counter() - start, len(scheduled), sum(n for _, n in scheduled), len(seqs))
-        return list(zip(seqs, token_ids, strict=True))
+        new_token_ids: list[tuple[Sequence, list[int]]] = []
+        num_rejected: dict[Sequence, int] = {}
+        finished: list[tuple[Sequence, FinishReason]] = []
+        num_draft_tokens = num_accepted_draft_tokens = row = 0
+        for seq in seqs:
+            draft = seq.draft_token_ids
+            accepted = accept_draft(draft, sampled[row : row + len(draft) + 1])
+            row += len(draft) + 1
+            num_draft_tokens += len(draft)
+            num_accepted_draft_tokens += len(accepted) - 1
+            token_ids = []
+            for token_id in accepted:
+                seq.append_token(token_id)
+                token_ids.append(token_id)
+                reason = self._finish_reason(seq, token_id)
+                if reason is not None:
+                    finished.append((seq, reason))
+                    break
+            # the KV kept is the last token's and the accepted draft tokens': one per new token
+            num_rejected[seq] = len(draft) + 1 - len(token_ids)
+            new_token_ids.append((seq, token_ids))
+        # the new tokens first: the blocks the step filled are hashed over them
+        self.scheduler.postprocess([(seq, n - num_rejected.get(seq, 0)) for seq, n in scheduled])
+        for seq, reason in finished:
+            self.finish(seq, reason)
+        self.metrics.record_step(
+            time.perf_counter() - start,
+            len(scheduled),
+            sum(n for _, n in scheduled),
+            sum(len(token_ids) for _, token_ids in new_token_ids),
+            num_draft_tokens,
+            num_accepted_draft_tokens,
+        )
+        return new_token_ids
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params

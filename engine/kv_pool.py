@@ -143,10 +143,11 @@ class KVPool:
             self.num_hit_tokens += num_cached_tokens
         return True
 
-    def may_append(self, seq: Sequence, num_new_tokens: int) -> bool:
-        """Grows the block table of a running `seq` to hold `num_new_tokens` more."""
+    def may_append(self, seq: Sequence, num_new_tokens: int, keep_free: int = 0) -> bool:
+        """Grows the block table of a running `seq` to hold `num_new_tokens` more, if `keep_free`
+        blocks stay free besides."""
         num_new_blocks = cdiv(seq.num_computed_tokens + num_new_tokens, self.block_size) - len(seq.block_table)
-        if num_new_blocks > self.num_free_blocks:
+        if num_new_blocks + keep_free > self.num_free_blocks:
             return False
         self._append_blocks(seq, num_new_blocks)
         return True
@@ -162,9 +163,21 @@ class KVPool:
                 block.block_hash = block_hash
                 self.cached_blocks[block_hash] = block
 
+    def free_unused_blocks(self, seq: Sequence) -> None:
+        """Frees the blocks past `seq`'s computed tokens: they were taken for draft tokens that the
+        step rejected."""
+        num_used = cdiv(seq.num_computed_tokens, self.block_size)
+        self._release(seq.block_table[num_used:])
+        del seq.block_table[num_used:]
+
     def deallocate(self, seq: Sequence) -> None:
+        self._release(seq.block_table)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+    def _release(self, block_ids: list[int]) -> None:
         # a sequence's last blocks are freed first, so they are evicted before its shared prefix
-        for block_id in reversed(seq.block_table):
+        for block_id in reversed(block_ids):
             block = self.blocks[block_id]
             assert block.ref_cnt > 0
             block.ref_cnt -= 1
@@ -174,8 +187,6 @@ class KVPool:
                 self.free_blocks.appendleft(block)
             else:
                 self.free_blocks.append(block)
-        seq.block_table = []
-        seq.num_computed_tokens = 0
 
     def figures(self) -> KVPoolFigures:
         num_free = self.num_free_blocks

@@ -244,24 +244,28 @@ class LLMEngine:
             if not self.core.has_unfinished_sequences():
                 continue
             try:
-                for seq, token_id in self.core.step():
-                    self._on_token(self._requests[seq.request_id], token_id)
+                for seq, token_ids in self.core.step():
+                    self._on_tokens(self._requests[seq.request_id], token_ids)
             except Exception:
                 logger.exception("engine step failed; the requests in flight end with finish_reason 'error'")
                 self._finish_all("error")
         self._finish_all("abort")
 
-    def _on_token(self, request: Request, token_id: int) -> None:
+    def _on_tokens(self, request: Request, token_ids: list[int]) -> None:
         seq = request.seq
-        # EOS and stop token ids end the request without being text; a stop string ends it once
-        # the text holds it.
-        if seq.finish_reason == "stop" or request.detokenizer.append(token_id):
-            self._finish(request, "stop", [token_id])
-        elif seq.is_finished:
+        for count, token_id in enumerate(token_ids, start=1):
+            # EOS and stop token ids, always a step's last token, end the request without being
+            # text; a stop string ends it once the text holds it.
+            if (count == len(token_ids) and seq.finish_reason == "stop") or request.detokenizer.append(token_id):
+                # tokens past a stop string are dropped, as if they had never been sampled
+                del seq.output_token_ids[seq.num_output_tokens - len(token_ids) + count :]
+                self._finish(request, "stop", token_ids[:count])
+                return
+        if seq.is_finished:
             assert seq.finish_reason is not None
-            self._finish(request, seq.finish_reason, [token_id])
+            self._finish(request, seq.finish_reason, token_ids)
         else:
-            self._emit(request, StreamDelta([token_id], request.detokenizer.take_delta(finished=False)), None)
+            self._emit(request, StreamDelta(token_ids, request.detokenizer.take_delta(finished=False)), None)
 
     def _finish(self, request: Request, reason: FinishReason, token_ids: list[int] | None = None) -> None:
         seq = request.seq

@@ -33,6 +33,14 @@ class BatchFigures:
 
 
 @dataclass(frozen=True)
+class DraftFigures:
+    """Speculative decoding's draft tokens since start: proposed, and accepted by the sampler."""
+
+    proposed: int
+    accepted: int
+
+
+@dataclass(frozen=True)
 class ActivityFigures:
     """What the step loop did: totals since start, rates over the last `window_s`."""
 
@@ -40,6 +48,7 @@ class ActivityFigures:
     steps: int
     prompt_tokens: int
     generated_tokens: int
+    draft_tokens: DraftFigures
     finish_reasons: dict[str, int]
     ttft_s: TTFTFigures
     window_s: float
@@ -80,15 +89,27 @@ class EngineMetrics:
         self.finish_reasons: Counter[str] = Counter()
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_draft_tokens = 0
         self.num_steps = 0
 
-    def record_step(self, duration_s: float, num_seqs: int, num_batched_tokens: int, num_generated_tokens: int) -> None:
+    def record_step(
+        self,
+        duration_s: float,
+        num_seqs: int,
+        num_batched_tokens: int,
+        num_generated_tokens: int,
+        num_draft_tokens: int = 0,
+        num_accepted_draft_tokens: int = 0,
+    ) -> None:
         with self.lock:
             self.steps.append(
                 StepRecord(time.monotonic(), duration_s, num_seqs, num_batched_tokens, num_generated_tokens)
             )
             self.num_steps += 1
             self.num_generated_tokens += num_generated_tokens
+            self.num_draft_tokens += num_draft_tokens
+            self.num_accepted_draft_tokens += num_accepted_draft_tokens
 
     def record_finished(self, finish_reason: str, num_prompt_tokens: int, ttft_s: float | None) -> None:
         with self.lock:
@@ -104,6 +125,7 @@ class EngineMetrics:
             ttfts = sorted(self.ttfts)
             finish_reasons = dict(self.finish_reasons)
             steps, prompt_tokens, generated_tokens = self.num_steps, self.num_prompt_tokens, self.num_generated_tokens
+            draft_tokens = DraftFigures(self.num_draft_tokens, self.num_accepted_draft_tokens)
         busy_s = sum(s.duration_s for s in recent)
         generated = sum(s.num_generated_tokens for s in recent)
         return ActivityFigures(
@@ -111,6 +133,7 @@ class EngineMetrics:
             steps=steps,
             prompt_tokens=prompt_tokens,
             generated_tokens=generated_tokens,
+            draft_tokens=draft_tokens,
             finish_reasons=finish_reasons,
             ttft_s=TTFTFigures(
                 count=len(ttfts),

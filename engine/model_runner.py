@@ -72,7 +72,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, scheduled: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
-        """Computes the scheduled tokens; returns the sequences due a new token and their logits."""
+        """Computes the scheduled tokens; returns the sequences due a new token and the logits at
+        their last token and at each of their draft tokens, in order."""
         batch = self.prepare(scheduled)
         torch.set_num_threads(self._num_threads_for(len(batch.input_ids)))
         hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_cache)
@@ -95,15 +96,18 @@ class ModelRunner:
         spans = []
         offset = len(decodes)
         for seq, num_new_tokens in prefills:
+            # a decode with draft tokens is a span too: its last token, then the draft
+            num_draft_tokens = len(seq.draft_token_ids)
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
             span_positions = np.arange(start, end)
-            input_ids.append(seq.token_ids(start, end))
+            input_ids.append(seq.token_ids(start, end - num_draft_tokens))
+            input_ids.append(np.array(seq.draft_token_ids, np.int32))
             positions.append(span_positions)
             slots.append(self._slots(seq, span_positions))
             spans.append(self._prefill_span(offset, seq, start, end))
             offset += num_new_tokens
-            if end == seq.num_tokens:
-                logits_indices.append(offset - 1)
+            if end == seq.num_tokens + num_draft_tokens:
+                logits_indices.extend(range(offset - 1 - num_draft_tokens, offset))
                 sample_seqs.append(seq)
         meta = AttentionMetadata(
             slot_mapping=self._tensor(np.concatenate(slots)),

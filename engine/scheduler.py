@@ -4,6 +4,7 @@ from collections import deque
 from .config import EngineConfig
 from .kv_pool import KVPool, cdiv
 from .sequence import Sequence, SequenceStatus
+from .speculation import propose_draft
 
 ScheduledBatch = list[tuple[Sequence, int]]
 
@@ -13,14 +14,17 @@ class Scheduler:
 
     Running decodes go first, then running prefills in chunks, then waiting requests, each group
     in priority order, until the token budget is spent. A chunked prefill therefore never
-    starves the decodes. When the pool runs dry the lowest-priority, newest running sequence is
-    preempted: its blocks are freed and it is recomputed later (its full blocks usually still
-    sit in the prefix cache).
+    starves the decodes. In a step that prefills nothing, a decode also takes draft tokens to
+    verify (speculation.py) where the budget and the free blocks leave room. When the pool runs
+    dry the lowest-priority, newest running sequence is preempted: its blocks are freed and it is
+    recomputed later (its full blocks usually still sit in the prefix cache).
     """
 
-    def __init__(self, config: EngineConfig, kv_pool: KVPool) -> None:
+    def __init__(self, config: EngineConfig, kv_pool: KVPool, max_model_len: int) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.num_speculative_tokens = config.num_speculative_tokens
+        self.max_model_len = max_model_len
         self.kv_pool = kv_pool
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -45,10 +49,14 @@ class Scheduler:
         scheduled: ScheduledBatch = []
         num_preemptions = self.num_preemptions
         queue = deque(sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, s.sort_key)))
+        # a step that prefills takes no drafts: a new request's first token waits for nobody's guesses
+        drafting = not self.waiting and not (queue and queue[-1].num_uncomputed_tokens > 1)
         self.running = []
         while queue and budget:
             seq = queue.popleft()
             num_new_tokens = min(seq.num_uncomputed_tokens, budget)
+            if drafting and seq.num_uncomputed_tokens == 1:
+                num_new_tokens += self._draft(seq, budget - 1, queue)
             if not self._reserve(seq, num_new_tokens, queue):
                 continue
             self.running.append(seq)
@@ -77,11 +85,31 @@ class Scheduler:
             budget -= num_new_tokens
         return scheduled
 
-    def postprocess(self, scheduled: ScheduledBatch) -> None:
-        for seq, num_new_tokens in scheduled:
+    def postprocess(self, computed: ScheduledBatch) -> None:
+        """`computed`: the tokens of each scheduled sequence whose KV this step computed and kept,
+        its rejected draft tokens left out."""
+        for seq, num_computed_tokens in computed:
             num_computed_before = seq.num_computed_tokens
-            seq.num_computed_tokens += num_new_tokens
+            seq.num_computed_tokens += num_computed_tokens
             self.kv_pool.cache_full_blocks(seq, num_computed_before)
+            self.kv_pool.free_unused_blocks(seq)
+            seq.draft_token_ids = []
+
+    def _draft(self, seq: Sequence, budget: int, queue: deque[Sequence]) -> int:
+        """Proposes the draft tokens of a decoding `seq` and grows its block table for them;
+        returns how many. A draft stops at the budget, at `seq`'s max_tokens and at the model
+        length, and takes a block only if one stays free for each sequence still to be scheduled:
+        a guess never preempts a sequence."""
+        num_room = min(
+            self.num_speculative_tokens,
+            budget,
+            seq.params.max_tokens - seq.num_output_tokens - 1,
+            self.max_model_len - seq.num_tokens - 1,
+        )
+        draft = propose_draft(seq, num_room)
+        if draft and self.kv_pool.may_append(seq, 1 + len(draft), keep_free=len(queue)):
+            seq.draft_token_ids = draft
+        return len(seq.draft_token_ids)
 
     def _reserve(self, seq: Sequence, num_new_tokens: int, queue: deque[Sequence]) -> bool:
         """Finds blocks for `seq`, preempting worse sequences not yet scheduled this step, or `seq` itself."""

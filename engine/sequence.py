@@ -33,6 +33,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
+    # tokens proposed for the positions after the last one, computed and verified in this step
+    draft_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0

@@ -76,6 +76,7 @@ class EngineSettings(Section):
     max_num_batched_tokens: int = Field(EngineConfig.max_num_batched_tokens, ge=16)
     max_model_len: int | None = Field(EngineConfig.max_model_len, ge=2)
     enable_prefix_caching: bool = EngineConfig.enable_prefix_caching
+    num_speculative_tokens: int = Field(EngineConfig.num_speculative_tokens, ge=0, le=16)
     backend: Literal["local", "remote"] = "local"
     tokenizer: str | None = Field(EngineConfig.tokenizer, validate_default=True)
     remote_url: str = Field("", validate_default=True)

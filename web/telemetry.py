@@ -102,6 +102,12 @@ class ChatManagerCollector(Collector):
         yield CounterMetricFamily(
             "clawdbot_engine_generated_tokens", "tokens generated", value=engine.activity.generated_tokens
         )
+        drafts = CounterMetricFamily(
+            "clawdbot_engine_draft_tokens", "speculative draft tokens, by outcome", labels=["outcome"]
+        )
+        drafts.add_metric(["proposed"], engine.activity.draft_tokens.proposed)
+        drafts.add_metric(["accepted"], engine.activity.draft_tokens.accepted)
+        yield drafts
         yield GaugeMetricFamily(
             "clawdbot_engine_batch_size", "mean sequences per step, last minute", value=engine.activity.batch_size.mean
         )

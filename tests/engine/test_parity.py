@@ -36,15 +36,19 @@ def assert_parity(engine: LLMEngine, checkpoint: Checkpoint, prompts: list[list[
     return outputs
 
 
-def test_greedy_parity_with_shared_prefixes(parity_checkpoint: Checkpoint) -> None:
+@pytest.mark.parametrize("num_speculative_tokens", [0, 4])
+def test_greedy_parity_with_shared_prefixes(parity_checkpoint: Checkpoint, num_speculative_tokens: int) -> None:
     vocab_size = parity_checkpoint.hf_model.config.vocab_size
     prompts = ragged_prompts(vocab_size)
-    with LLMEngine.from_pretrained(str(parity_checkpoint.path), max_num_batched_tokens=256) as engine:
+    options = dict(max_num_batched_tokens=256, num_speculative_tokens=num_speculative_tokens)
+    with LLMEngine.from_pretrained(str(parity_checkpoint.path), **options) as engine:
         assert_parity(engine, parity_checkpoint, prompts)
         outputs = assert_parity(engine, parity_checkpoint, shared_prefix_prompts(prompts))
         assert outputs[0].num_cached_tokens == (300 - 1) // 16 * 16
         assert all(o.num_cached_tokens > 0 for o in outputs)
         assert engine.core.kv_pool.num_free_blocks == engine.core.kv_pool.num_blocks
+        # random weights repeat themselves: most drafts are right, and each is checked above
+        assert (engine.figures().activity.draft_tokens.accepted > 0) == (num_speculative_tokens > 0)
 
 
 def test_greedy_parity_under_preemption(parity_checkpoint: Checkpoint) -> None:
@@ -90,3 +94,5 @@ def test_greedy_parity_on_the_real_smollm2_weights(smollm2_dir: Path) -> None:
         ]
         outputs = assert_parity(engine, reference, follow_ups)
         assert all(o.num_cached_tokens >= len(p) // 16 * 16 for o, p in zip(outputs, first_turns, strict=True))
+        # the answers repeat words of the questions and of themselves: drafts were verified too
+        assert engine.figures().activity.draft_tokens.accepted > 0

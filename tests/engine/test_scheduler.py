@@ -33,9 +33,14 @@ def new_seq() -> NewSeq:
     return make
 
 
-def make_scheduler(num_blocks: int, budget: int, max_num_seqs: int = 8) -> Scheduler:
-    config = EngineConfig(block_size=BLOCK, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs)
-    return Scheduler(config, KVPool(num_blocks, BLOCK, enable_prefix_caching=True))
+def make_scheduler(num_blocks: int, budget: int, max_num_seqs: int = 8, num_speculative_tokens: int = 0) -> Scheduler:
+    config = EngineConfig(
+        block_size=BLOCK,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        num_speculative_tokens=num_speculative_tokens,
+    )
+    return Scheduler(config, KVPool(num_blocks, BLOCK, enable_prefix_caching=True), max_model_len=1000)
 
 
 def step(scheduler: Scheduler) -> dict[str, int]:

@@ -333,3 +333,4 @@ def test_metrics_expose_requests_cache_levels_and_histograms(app: AppProcess, cl
     assert 'clawdbot_ttft_seconds_bucket{cache_level="exact",channel="api"' in metrics
     assert 'clawdbot_turn_tokens_count{channel="api",kind="completion"}' in metrics
     assert "clawdbot_kv_pool_usage_ratio" in metrics
+    assert 'clawdbot_engine_draft_tokens_total{outcome="accepted"}' in metrics

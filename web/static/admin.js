@@ -83,10 +83,11 @@ function channelCounts(byChannel) {
 
 function renderOverview(stats, history) {
   const engine = stats.engine, kv = engine.kv_cache, activity = engine.activity, turns = stats.turns;
+  const drafts = activity.draft_tokens;
   figures($("#overview-figures"), [
     ["Requests / s", number(last(history.requests_per_s), 2), `${number(turns.total)} turns in all`],
     ["TTFT p50", ms(turns.ttft_p50_ms), `p99 ${ms(turns.ttft_p99_ms)}, last 1,000 turns`],
-    ["Tokens / s", number(activity.generation_tokens_per_s, 1), "generated, last minute"],
+    ["Tokens / s", number(activity.generation_tokens_per_s, 1), `generated, last minute; ${percent(drafts.proposed ? drafts.accepted / drafts.proposed : 0)} of draft tokens accepted`],
     ["Batch size", number(activity.batch_size.mean, 1), `max ${activity.batch_size.max}, last minute`],
     ["KV-pool use", percent(kv.usage), `${number(kv.blocks_used)} of ${number(kv.blocks_total)} blocks`],
     ["Prefix-cache hit rate", percent(kv.prefix_hit_rate), `${number(kv.prefix_hit_tokens)} tokens reused`],

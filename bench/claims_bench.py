@@ -87,8 +87,14 @@ REPLY = (
 
 
 def build_engine(data_dir: Path, *, prefix_caching: bool = True) -> LLMEngine:
+    # one token a step: each claim is about one part, and the demo model's repeated tokens would
+    # let speculation (bench/engine_bench.py measures it) speed up whatever generates most
     engine = LLMEngine.from_pretrained(
-        DEMO_MODEL, data_dir=str(data_dir), kv_cache_tokens=65536, enable_prefix_caching=prefix_caching
+        DEMO_MODEL,
+        data_dir=str(data_dir),
+        kv_cache_tokens=65536,
+        enable_prefix_caching=prefix_caching,
+        num_speculative_tokens=0,
     ).start()
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
     return engine

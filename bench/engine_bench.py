@@ -11,7 +11,8 @@ on a thread of its own, which would not see the latter.)
 
 Throughput: 16 concurrent greedy requests (prompts 256-1024 tokens, 64 new tokens) through
 (a) transformers generate() one at a time, (b) transformers generate_batch() continuous batching
-with our block size, block count and token budget, (c) our engine. Multi-turn: 8 sessions x 6
+with our block size, block count and token budget, (c) our engine, one token a step, (d) our
+engine with n-gram speculative decoding (engine.num_speculative_tokens 4, the app's default). Multi-turn: 8 sessions x 6
 turns, each turn = previous prompt + reply + a new 64-token user message; time to first token of
 the last turn with our prefix cache on and off. Decode scaling: the time of a decode step for 1,
 4, 16 and 64 sequences. SmolLM2: (a), (b) and (c) again on 16 chat prompts framed by the model's
@@ -150,6 +151,7 @@ class Throughput:
     sequential: Variant
     batch: Variant
     ours: Variant
+    speculating: Variant
 
     @property
     def vs_sequential(self) -> float:
@@ -160,14 +162,19 @@ class Throughput:
         return self.ours.tokens_per_s / self.batch.tokens_per_s
 
     @property
+    def speculation_speedup(self) -> float:
+        return self.speculating.tokens_per_s / self.ours.tokens_per_s
+
+    @property
     def parity(self) -> bool:
-        return self.ours.outputs == self.sequential.outputs
+        return self.ours.outputs == self.speculating.outputs == self.sequential.outputs
 
     def tokens_per_s(self) -> dict[str, float]:
         return {
             "hf_sequential": round(self.sequential.tokens_per_s, 1),
             "hf_generate_batch": round(self.batch.tokens_per_s, 1),
             "ours": round(self.ours.tokens_per_s, 1),
+            "ours_speculating": round(self.speculating.tokens_per_s, 1),
         }
 
 
@@ -273,7 +280,13 @@ def multiturn_last_ttft(engine: LLMEngine, work: Workload, seed: int) -> tuple[f
     raise AssertionError("unreachable")
 
 
-def build_engine(model: str | Path, data_dir: str = EngineConfig.data_dir, prefix_caching: bool = True) -> LLMEngine:
+def build_engine(
+    model: str | Path,
+    data_dir: str = EngineConfig.data_dir,
+    prefix_caching: bool = True,
+    num_speculative_tokens: int = 0,
+) -> LLMEngine:
+    """One token a step unless `num_speculative_tokens`: (a), (b) and (c) do the same work."""
     engine = LLMEngine.from_pretrained(
         str(model),
         data_dir=data_dir,
@@ -282,15 +295,21 @@ def build_engine(model: str | Path, data_dir: str = EngineConfig.data_dir, prefi
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
         max_num_seqs=64,
         enable_prefix_caching=prefix_caching,
+        num_speculative_tokens=num_speculative_tokens,
     ).start()
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))
     return engine
 
 
 def throughput(
-    engine: LLMEngine, hf_model: CausalLM, prompts: list[list[int]], decoding: Decoding, profile: bool
+    engines: tuple[LLMEngine, LLMEngine],
+    hf_model: CausalLM,
+    prompts: list[list[int]],
+    decoding: Decoding,
+    profile: bool,
 ) -> Throughput:
-    """The prompts through (a), (b) and (c); shuts the engine down once done."""
+    """The prompts through (a), (b), (c) and (d), the last two on `engines`; shuts them down once done."""
+    engine, speculating_engine = engines
     lengths = [len(p) for p in prompts]
     print(
         f"throughput: {len(prompts)} concurrent requests, prompts {min(lengths)}-{max(lengths)} tokens "
@@ -317,11 +336,16 @@ def throughput(
     batch_size = engine.figures().activity.batch_size
     steps = list(engine.core.metrics.steps)[num_warmup_steps:]
     engine.shutdown()
+    speculating = Variant(
+        "(d) our LLMEngine, n-gram speculation", *timed(lambda: ours(speculating_engine, prompts, decoding))
+    )
+    drafts = speculating_engine.figures().activity.draft_tokens
+    speculating_engine.shutdown()
     _, prefill_s = timed(lambda: hf_prefill(hf_model, prompts))
-    result = Throughput(sequential, batch, ours_variant)
+    result = Throughput(sequential, batch, ours_variant, speculating)
 
     print(f"\n{'variant':<46} {'seconds':>9} {'tokens':>7} {'tokens/s':>10}  prompts with (a)'s tokens")
-    for variant in (sequential, batch, ours_variant):
+    for variant in (sequential, batch, ours_variant, speculating):
         same = sum(o == r for o, r in zip(variant.outputs, sequential.outputs, strict=True))
         print(
             f"{variant.name:<46} {variant.seconds:>9.2f} {sum(map(len, variant.outputs)):>7} "
@@ -329,7 +353,9 @@ def throughput(
         )
     print(
         f"ratio c/a: {result.vs_sequential:.2f}x (target >= 4)   ratio c/b: {result.vs_batch:.2f}x (target >= 1.5)\n"
-        f"our engine: mean batch {batch_size.mean:.1f} sequences, {batch_size.mean_tokens:.0f} tokens per step"
+        f"our engine: mean batch {batch_size.mean:.1f} sequences, {batch_size.mean_tokens:.0f} tokens per step\n"
+        f"speculation d/c: {result.speculation_speedup:.2f}x, {drafts.accepted} of {drafts.proposed} draft tokens "
+        "accepted (random weights repeat themselves; a real model far less)"
     )
     ours_prefill_s = sum(s.duration_s for s in steps if s.num_batched_tokens > s.num_seqs)
     decode_steps = [s for s in steps if s.num_batched_tokens == s.num_seqs]
@@ -356,10 +382,10 @@ def smollm2_throughput(data_dir: Path, work: Workload, profile: bool) -> Through
         f"\nmodel: {SMOLLM2_MODEL} ({folder}), {sum(p.numel() for p in hf_model.parameters()) / 1e6:.1f}M "
         "parameters, Llama, hidden 576, 30 layers, 9 query / 3 KV heads, fp32 on CPU"
     )
-    engine = build_engine(SMOLLM2_MODEL, str(data_dir))
-    chat_format = engine.chat_format()
+    engines = build_engine(SMOLLM2_MODEL, str(data_dir)), build_engine(SMOLLM2_MODEL, str(data_dir), True, 4)
+    chat_format = engines[0].chat_format()
     prompts = chat_prompts(chat_format, work)
-    result = throughput(engine, hf_model, prompts, Decoding(work.new_tokens, stop_at_eos=True), profile)
+    result = throughput(engines, hf_model, prompts, Decoding(work.new_tokens, stop_at_eos=True), profile)
     print("the first two replies:")
     for question, answer in zip(QUESTIONS[:2], result.ours.outputs, strict=False):
         print(f"  {question.text!r} -> {chat_format.decode(answer)!r}")
@@ -427,18 +453,21 @@ def main() -> None:
             f"8 layers, 8 query / 2 KV heads, fp32 on CPU, {torch.get_num_threads()} threads"
         )
         decoding = Decoding(work.new_tokens, stop_at_eos=False)
-        speed = throughput(build_engine(path), hf_model, random_prompts(work), decoding, args.profile)
+        engines = build_engine(path), build_engine(path, num_speculative_tokens=4)
+        speed = throughput(engines, hf_model, random_prompts(work), decoding, args.profile)
         turns = multiturn(path, work)
         decode = decode_scaling(path, args.quick)
     smollm2 = smollm2_throughput(args.data_dir, work, args.profile)
     summary = {
         "throughput_vs_hf_sequential": round(speed.vs_sequential, 2),
         "throughput_vs_hf_generate_batch": round(speed.vs_batch, 2),
+        "speculation_speedup": round(speed.speculation_speedup, 2),
         "multiturn_ttft_speedup": round(turns["speedup"], 2),
         "parity": speed.parity and turns["parity"],
         "decode_tokens_per_s_by_batch": decode,
         "smollm2_throughput_vs_hf_sequential": round(smollm2.vs_sequential, 2),
         "smollm2_throughput_vs_hf_generate_batch": round(smollm2.vs_batch, 2),
+        "smollm2_speculation_speedup": round(smollm2.speculation_speedup, 2),
         "smollm2_tokens_per_s": smollm2.tokens_per_s(),
         "smollm2_parity": smollm2.parity,
     }

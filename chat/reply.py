@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from engine import FinishReason, StreamDelta
+from engine.chat_format import THINK_END
 
 
 @dataclass
@@ -30,10 +31,14 @@ class Reply:
                 self.finish_reason = delta.finish_reason or "stop"
                 self.prompt_tokens = delta.num_prompt_tokens or 0
                 self.cached_tokens = delta.num_cached_tokens or 0
+            text = delta.text
             if thinking:
                 thinking = think_end not in delta.token_ids
-                continue
-            piece = delta.text if self.text else delta.text.lstrip()
+                if thinking:
+                    continue
+                # the answer's first tokens may come in the same delta (accepted draft tokens)
+                text = text.partition(THINK_END)[2]
+            piece = text if self.text else text.lstrip()
             if not piece:
                 continue
             if self.first_text_at is None:

@@ -19,6 +19,9 @@ PROBE_TOOL = "TOOLNAME"
 PROBE_CALL = {"type": "function", "function": {"name": PROBE_TOOL, "arguments": {}}}
 NO_TOOL_SUPPORT = "this model's chat template has no tool support"
 
+# the token that closes a thinking model's think block, and its text
+THINK_END = "</think>"
+
 
 class NoToolSupport(ValueError):
     """The chat template does not render tools, or not in a way that can be framed message by message."""
@@ -82,7 +85,7 @@ class ChatFormat:
             for speaker, before in zip(PROBE, befores, strict=True)
         }
         end_of_turn = frames["assistant"].close_ids[0]
-        think_end = tokenizer.get_vocab().get("</think>")
+        think_end = tokenizer.get_vocab().get(THINK_END)
         without_system = _template_ids(tokenizer, messages[1:2], enable_thinking)
         first_user = _message(tokenizer, frames["user"], PLACEHOLDERS["user"])
         if without_system[len(without_system) - len(first_user) :] != first_user:

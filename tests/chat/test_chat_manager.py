@@ -409,6 +409,15 @@ async def test_thinking_is_never_shown(tokenizer: PreTrainedTokenizerBase) -> No
     assert "".join(visible) == reply.text == "Answer. Done"
     assert reply.generated_ids[:3] == [151667, 1, 2]  # history keeps what the model produced
 
+    async def one_delta_across_the_end() -> AsyncIterator[StreamDelta]:  # accepted draft tokens
+        yield StreamDelta(token_ids=[151667, 1, 2], text="<think>Let me think")
+        yield StreamDelta(token_ids=[think_end, 3, 4], text="</think>\n\nAnswer.")
+        yield StreamDelta(token_ids=[5], text=" Done", finished=True, finish_reason="stop")
+
+    reply = Reply()
+    visible = [piece async for piece in reply.visible(one_delta_across_the_end(), think_end)]
+    assert "".join(visible) == reply.text == "Answer. Done"
+
 
 async def test_compression_runs_ahead_of_the_next_turn(managers: ManagerFactory) -> None:
     context = small_context(max_prompt_tokens=512, compress_ahead_ratio=0.8)

@@ -67,6 +67,8 @@ class EngineCore:
             row += len(draft) + 1
             num_draft_tokens += len(draft)
             num_accepted_draft_tokens += len(accepted) - 1
+            if draft:
+                seq.num_accepted_draft_tokens = len(accepted) - 1
             token_ids = []
             for token_id in accepted:
                 seq.append_token(token_id)

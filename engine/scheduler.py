@@ -100,8 +100,11 @@ class Scheduler:
         returns how many. A draft stops at the budget, at `seq`'s max_tokens and at the model
         length, and takes a block only if one stays free for each sequence still to be scheduled:
         a guess never preempts a sequence."""
+        last_accepted = seq.num_accepted_draft_tokens
         num_room = min(
             self.num_speculative_tokens,
+            # one token more than the last draft kept: after a miss a guess costs one row, not k
+            self.num_speculative_tokens if last_accepted is None else last_accepted + 1,
             budget,
             seq.params.max_tokens - seq.num_output_tokens - 1,
             self.max_model_len - seq.num_tokens - 1,

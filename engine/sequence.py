@@ -35,6 +35,8 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     # tokens proposed for the positions after the last one, computed and verified in this step
     draft_token_ids: list[int] = field(default_factory=list)
+    # how many of the last draft's tokens the sampler kept; None before any draft
+    num_accepted_draft_tokens: int | None = None
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0

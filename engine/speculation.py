@@ -2,8 +2,11 @@
 
 A reply often repeats what came before it: the question it quotes, a name, a list's pattern. The
 last few tokens are looked up earlier in the sequence, and what followed them there is the draft.
-One step computes the sequence's next token and the draft's positions together; on CPU a decode
-step is bound by reading the weights, so a few more rows cost little beside a step per token.
+One step computes the sequence's next token and the draft's positions together. A decode step of
+a few sequences is bound by reading the weights, so a few more rows cost little beside a step per
+token; in a step of many sequences every row costs arithmetic, which only drafts the sampler
+mostly keeps repay. So a sequence's next draft is one token longer than the last one it kept:
+where guesses miss they cost one row, not `num_speculative_tokens`.
 
 The draft is verified against the tokens the sampler picks at each position, and kept up to the
 first that differs. Sampling is a pure function of the logits, the seed and the step (see

@@ -78,6 +78,20 @@ def test_a_draft_takes_blocks_only_while_one_stays_free_for_each_other_decode() 
     assert scheduler.kv_pool.num_free_blocks == 3
 
 
+def test_a_draft_is_one_token_longer_than_the_last_one_kept() -> None:
+    config = EngineConfig(block_size=BLOCK, num_speculative_tokens=4)
+    scheduler = Scheduler(config, KVPool(num_blocks=16, block_size=BLOCK, enable_prefix_caching=True), 1000)
+    seq = sequence([1, 2, 1, 2, 1, 2, 1])
+    scheduler.add(seq)
+    scheduler.postprocess(scheduler.schedule())
+    seq.append_token(2)
+    for num_accepted_before, num_draft_tokens in ((None, 4), (0, 1), (2, 3), (4, 4)):
+        seq.num_accepted_draft_tokens = num_accepted_before
+        assert scheduler.schedule() == [(seq, 1 + num_draft_tokens)]
+        scheduler.postprocess([(seq, 0)])  # as if nothing were kept: the draft's blocks return
+        assert len(seq.block_table) == 2
+
+
 def test_a_draft_stops_at_max_tokens() -> None:
     config = EngineConfig(block_size=BLOCK, num_speculative_tokens=4)
     scheduler = Scheduler(config, KVPool(num_blocks=8, block_size=BLOCK, enable_prefix_caching=True), 1000)

@@ -50,7 +50,9 @@ class Scheduler:
         num_preemptions = self.num_preemptions
         queue = deque(sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, s.sort_key)))
         # a step that prefills takes no drafts: a new request's first token waits for nobody's guesses
-        drafting = not self.waiting and not (queue and queue[-1].num_uncomputed_tokens > 1)
+        drafting = (
+            self.num_speculative_tokens > 0 and not self.waiting and not (queue and queue[-1].num_uncomputed_tokens > 1)
+        )
         self.running = []
         while queue and budget:
             seq = queue.popleft()
@@ -92,8 +94,9 @@ class Scheduler:
             num_computed_before = seq.num_computed_tokens
             seq.num_computed_tokens += num_computed_tokens
             self.kv_pool.cache_full_blocks(seq, num_computed_before)
-            self.kv_pool.free_unused_blocks(seq)
-            seq.draft_token_ids = []
+            if seq.draft_token_ids:
+                self.kv_pool.free_unused_blocks(seq)
+                seq.draft_token_ids = []
 
     def _draft(self, seq: Sequence, budget: int, queue: deque[Sequence]) -> int:
         """Proposes the draft tokens of a decoding `seq` and grows its block table for them;

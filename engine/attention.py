@@ -17,19 +17,27 @@ class PrefillSpan:
 
 @dataclass
 class DecodeBucket:
-    """Sequences computing one token each, rows [start, end) of the flat batch. Their block tables
-    are padded to the longest, so buckets hold similar lengths and bound the gathered KV."""
+    """Sequences computing their last token and its draft tokens, if any (speculation.py). Their
+    block tables are padded to the longest, so buckets hold similar lengths and bound the gathered
+    KV; their queries are padded to the most any of them has, a padded query repeating its
+    sequence's last, so that one attention call serves the bucket. Its queries are rows
+    [start, end) of the flat batch."""
 
     start: int
     end: int
-    block_tables: torch.Tensor  # [end - start, max_blocks], padded with block 0
-    mask: torch.Tensor  # [end - start, 1, 1, max_blocks * block_size]
+    block_tables: torch.Tensor  # [num_seqs, max_blocks], padded with block 0
+    num_queries: int  # per sequence, padding included
+    query_rows: torch.Tensor  # [num_seqs * num_queries]: the flat batch row of each query
+    real_queries: torch.Tensor  # where rows start..end-1 are in `query_rows`: padding left out
+    # [num_seqs, 1, num_queries * query heads per KV head, max_blocks * block_size]: each query
+    # sees its sequence's KV up to its own position
+    mask: torch.Tensor
 
 
 @dataclass
 class AttentionMetadata:
     """Where this step's tokens go in the KV pool and what each attends to. The flat batch holds
-    the decode buckets first, then the prefill spans."""
+    the decodes first, each sequence's query tokens together, then the prefill spans."""
 
     slot_mapping: torch.Tensor
     decodes: list[DecodeBucket]
@@ -66,16 +74,25 @@ def paged_attention(
     num_heads, head_dim = q.shape[-2:]
     num_kv_heads = k.shape[-2]
     for bucket in meta.decodes:
-        # one query token per sequence: the query heads sharing a KV head become its query rows,
-        # which is GQA without repeating the cache
-        grouped_q = q[bucket.start : bucket.end].view(-1, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        out[bucket.start : bucket.end] = F.scaled_dot_product_attention(
+        # The query heads sharing a KV head, at each of the sequence's positions, become that KV
+        # head's query rows: GQA without repeating the cache, and one call for all the drafts.
+        num_seqs, num_queries = bucket.block_tables.shape[0], bucket.num_queries
+        group = num_heads // num_kv_heads
+        grouped_q = (
+            q.index_select(0, bucket.query_rows)
+            .view(num_seqs, num_queries, num_kv_heads, group, head_dim)
+            .transpose(1, 2)
+            .reshape(num_seqs, num_kv_heads, num_queries * group, head_dim)
+        )
+        attended = F.scaled_dot_product_attention(
             grouped_q,
             gather_blocks(k_cache, bucket.block_tables),
             gather_blocks(v_cache, bucket.block_tables),
             attn_mask=bucket.mask,
             scale=scale,
-        ).view(-1, num_heads, head_dim)
+        )
+        attended = attended.view(num_seqs, num_kv_heads, num_queries, group, head_dim).transpose(1, 2)
+        out[bucket.start : bucket.end] = attended.reshape(-1, num_heads, head_dim).index_select(0, bucket.real_queries)
     for span in meta.prefills:
         # [1, heads, tokens, head_dim]: with a batch dimension SDPA takes its fused CPU kernel;
         # without one it falls back to the math path, 9x slower for an 800-token prompt.

@@ -42,6 +42,7 @@ class ModelRunner:
         # the process's choice, read here: the engine's own thread starts with OpenMP's default team
         self.num_threads = torch.get_num_threads()
         self.block_size = config.block_size
+        self.num_queries_per_kv = model.arch.num_heads // model.arch.num_kv_heads
         num_layers, num_kv_heads, head_dim = model.arch.num_layers, model.arch.num_kv_heads, model.arch.head_dim
         # K and V of one block in every layer
         block_bytes = 2 * num_layers * config.block_size * num_kv_heads * head_dim * self.dtype.itemsize
@@ -85,29 +86,39 @@ class ModelRunner:
         return max(1, self.num_threads - 1)
 
     def prepare(self, scheduled: ScheduledBatch) -> ModelInput:
-        decodes = sorted((seq for seq, n in scheduled if n == 1), key=lambda s: s.num_computed_tokens, reverse=True)
-        prefills = [(seq, n) for seq, n in scheduled if n > 1]
-        # a decode is one token: Python ints; a prefill span is many: numpy, no int per token
-        input_ids = [np.array([seq.token_id(seq.num_computed_tokens) for seq in decodes], np.int32)]
-        positions = [np.array([seq.num_computed_tokens for seq in decodes], np.int64)]
-        slots = [np.array([self._slot(seq, seq.num_computed_tokens) for seq in decodes], np.int64)]
-        logits_indices = [i for i, seq in enumerate(decodes) if seq.num_computed_tokens + 1 == seq.num_tokens]
-        sample_seqs = [decodes[i] for i in logits_indices]
+        # a decode computes its sequence's last token and the draft after it, every row sampled
+        decodes = sorted(
+            (seq for seq, _ in scheduled if seq.num_uncomputed_tokens == 1),
+            key=lambda s: len(s.block_table),
+            reverse=True,
+        )
+        prefills = [(seq, n) for seq, n in scheduled if seq.num_uncomputed_tokens > 1]
+        # a decode is a few tokens: Python ints; a prefill span is many: numpy, no int per token
+        decode_ids: list[int] = []
+        decode_positions: list[int] = []
+        decode_slots: list[int] = []
+        for seq in decodes:
+            query_positions = self._query_positions(seq)
+            decode_ids += [seq.token_id(seq.num_computed_tokens), *seq.draft_token_ids]
+            decode_positions += query_positions
+            decode_slots += (self._slot(seq, position) for position in query_positions)
+        input_ids = [np.array(decode_ids, np.int32)]
+        positions = [np.array(decode_positions, np.int64)]
+        slots = [np.array(decode_slots, np.int64)]
+        logits_indices = list(range(len(decode_ids)))
+        sample_seqs = list(decodes)
         spans = []
-        offset = len(decodes)
+        offset = len(decode_ids)
         for seq, num_new_tokens in prefills:
-            # a decode with draft tokens is a span too: its last token, then the draft
-            num_draft_tokens = len(seq.draft_token_ids)
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
             span_positions = np.arange(start, end)
-            input_ids.append(seq.token_ids(start, end - num_draft_tokens))
-            input_ids.append(np.array(seq.draft_token_ids, np.int32))
+            input_ids.append(seq.token_ids(start, end))
             positions.append(span_positions)
             slots.append(self._slots(seq, span_positions))
             spans.append(self._prefill_span(offset, seq, start, end))
             offset += num_new_tokens
-            if end == seq.num_tokens + num_draft_tokens:
-                logits_indices.extend(range(offset - 1 - num_draft_tokens, offset))
+            if end == seq.num_tokens:
+                logits_indices.append(offset - 1)
                 sample_seqs.append(seq)
         meta = AttentionMetadata(
             slot_mapping=self._tensor(np.concatenate(slots)),
@@ -122,9 +133,13 @@ class ModelRunner:
             sample_seqs,
         )
 
+    @staticmethod
+    def _query_positions(seq: Sequence) -> range:
+        """The positions a decode computes: its last token's, then its draft tokens'."""
+        return range(seq.num_computed_tokens, seq.num_computed_tokens + 1 + len(seq.draft_token_ids))
+
     def _slot(self, seq: Sequence, position: int) -> int:
-        """Where the KV of `seq`'s token at `position`, its last this step, goes in the pool."""
-        assert len(seq.block_table) == cdiv(position + 1, self.block_size)
+        """Where the KV of `seq`'s token at `position` goes in the pool."""
         return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
 
     def _slots(self, seq: Sequence, positions: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -133,9 +148,10 @@ class ModelRunner:
         return np.array(seq.block_table)[positions // self.block_size] * self.block_size + positions % self.block_size
 
     def _decode_buckets(self, decodes: list[Sequence]) -> list[DecodeBucket]:
-        """`decodes` is sorted longest first. A bucket ends where a context is under 3/4 of its
-        longest, which bounds the padding, or where the gathered KV would pass its bound."""
-        buckets = []
+        """`decodes` is sorted by block table, longest first. A bucket ends where a block table is
+        under 3/4 of its longest, which bounds the padding, or where the gathered KV would pass its
+        bound."""
+        buckets: list[DecodeBucket] = []
         start = 0
         while start < len(decodes):
             num_blocks = len(decodes[start].block_table)
@@ -143,12 +159,38 @@ class ModelRunner:
             end = start + 1
             while end < limit and 4 * len(decodes[end].block_table) >= 3 * num_blocks:
                 end += 1
-            block_tables = [seq.block_table + [0] * (num_blocks - len(seq.block_table)) for seq in decodes[start:end]]
-            context_lens = self._tensor([seq.num_computed_tokens + 1 for seq in decodes[start:end]])
-            mask = torch.arange(num_blocks * self.block_size, device=self.device)[None, :] < context_lens[:, None]
-            buckets.append(DecodeBucket(start, end, self._tensor(block_tables), mask[:, None, None, :]))
+            buckets.append(self._decode_bucket(decodes[start:end], buckets[-1].end if buckets else 0, num_blocks))
             start = end
         return buckets
+
+    def _decode_bucket(self, seqs: list[Sequence], start: int, num_blocks: int) -> DecodeBucket:
+        num_queries = max(1 + len(seq.draft_token_ids) for seq in seqs)
+        query_rows: list[int] = []
+        real_queries: list[int] = []
+        query_positions: list[int] = []
+        row = start
+        for i, seq in enumerate(seqs):
+            positions = self._query_positions(seq)
+            assert len(seq.block_table) == cdiv(positions[-1] + 1, self.block_size)
+            # a padded query repeats the sequence's last: a real row, attending to real keys
+            query_rows += [row + min(j, len(positions) - 1) for j in range(num_queries)]
+            query_positions += [positions[min(j, len(positions) - 1)] for j in range(num_queries)]
+            real_queries += range(i * num_queries, i * num_queries + len(positions))
+            row += len(positions)
+        block_tables = [seq.block_table + [0] * (num_blocks - len(seq.block_table)) for seq in seqs]
+        key_positions = torch.arange(num_blocks * self.block_size, device=self.device)
+        sees = key_positions <= self._tensor(query_positions).view(len(seqs), num_queries, 1, 1)
+        # every query head of a KV head's group sees what its query sees
+        mask = sees.expand(-1, -1, self.num_queries_per_kv, -1).reshape(len(seqs), 1, -1, len(key_positions))
+        return DecodeBucket(
+            start,
+            row,
+            self._tensor(block_tables),
+            num_queries,
+            self._tensor(query_rows),
+            self._tensor(real_queries),
+            mask,
+        )
 
     def _prefill_span(self, offset: int, seq: Sequence, start: int, end: int) -> PrefillSpan:
         mask = None

@@ -1,0 +1,52 @@
+"""Decode attention over the paged KV pool, against attention computed over each sequence's own
+keys and values laid out in order."""
+
+import numpy as np
+import torch
+
+from engine import LLMEngine, SamplingParams
+from engine.attention import paged_attention
+from engine.kv_pool import cdiv
+from engine.sequence import Sequence
+from tests.engine.conftest import Checkpoint
+
+BLOCK = 4
+
+
+def test_one_decode_bucket_serves_drafts_of_every_length(small_checkpoint: Checkpoint) -> None:
+    engine = LLMEngine.from_pretrained(str(small_checkpoint.path), block_size=BLOCK, kv_cache_tokens=64 * BLOCK)
+    runner = engine.core.runner
+    gen = torch.Generator().manual_seed(0)
+    num_blocks, num_kv_heads, head_dim = runner.num_blocks, 2, 8
+    num_heads = num_kv_heads * runner.num_queries_per_kv
+    k_cache, v_cache = (torch.randn(num_blocks, BLOCK, num_kv_heads, head_dim, generator=gen) for _ in range(2))
+    blocks = iter(torch.randperm(num_blocks, generator=gen).tolist())
+    # (tokens computed before, draft tokens): no draft, a short one and a long one, all in 3 blocks
+    seqs = []
+    for i, (num_computed, num_draft) in enumerate([(2 * BLOCK + 1, 3), (2 * BLOCK + 3, 0), (2 * BLOCK + 2, 1)]):
+        seq = Sequence(str(i), np.arange(num_computed + 1, dtype=np.int32), SamplingParams(), 0, i, 0)
+        seq.num_computed_tokens = num_computed
+        seq.draft_token_ids = [0] * num_draft
+        seq.block_table = [next(blocks) for _ in range(cdiv(num_computed + 1 + num_draft, BLOCK))]
+        seqs.append(seq)
+
+    batch = runner.prepare([(seq, 1 + len(seq.draft_token_ids)) for seq in seqs])
+    assert [(bucket.start, bucket.end, bucket.num_queries) for bucket in batch.meta.decodes] == [(0, 7, 4)]
+    q = torch.randn(len(batch.input_ids), num_heads, head_dim, generator=gen)
+    unused = torch.empty(len(batch.input_ids), num_kv_heads, head_dim)
+    out = paged_attention(q, unused, unused, k_cache, v_cache, batch.meta, scale=head_dim**-0.5)
+
+    row = 0
+    for seq in batch.sample_seqs:
+        # the sequence's keys and values in position order, then plain causal attention
+        slots = [seq.block_table[p // BLOCK] * BLOCK + p % BLOCK for p in range(len(seq.block_table) * BLOCK)]
+        keys, values = (
+            cache.view(-1, num_kv_heads, head_dim)[slots].repeat_interleave(num_heads // num_kv_heads, 1)
+            for cache in (k_cache, v_cache)
+        )
+        for position in range(seq.num_computed_tokens, seq.num_computed_tokens + 1 + len(seq.draft_token_ids)):
+            scores = torch.einsum("hd,thd->ht", q[row], keys[: position + 1]) * head_dim**-0.5
+            expected = torch.einsum("ht,thd->hd", scores.softmax(-1), values[: position + 1])
+            torch.testing.assert_close(out[row], expected)
+            row += 1
+    assert row == len(q)

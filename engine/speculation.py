@@ -18,6 +18,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from .sequence import Sequence
+from .token_ids import TokenArray
 
 # The lookup keys tried, longest first. On SmolLM2-135M-Instruct's replies to support questions, the
 # token after the latest earlier match of the last 3 tokens was right 87% of the time (a match at 34%
@@ -38,16 +39,17 @@ def propose_draft(seq: Sequence, max_draft_tokens: int) -> list[int]:
         windows = sliding_window_view(tokens[:-1], n)
         matches = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
         if len(matches):
-            return _continuation(tokens.tolist(), int(matches[-1]) + n, max_draft_tokens)
+            return _continuation(tokens, int(matches[-1]) + n, max_draft_tokens)
     return []
 
 
-def _continuation(tokens: list[int], start: int, num_tokens: int) -> list[int]:
+def _continuation(tokens: TokenArray, start: int, num_tokens: int) -> list[int]:
     """`tokens` from `start` on, repeating the draft itself past the end: from the latest match, a
     loop of period p would otherwise propose only p tokens (1 for a repeated token)."""
-    draft = tokens[start : start + num_tokens]
+    draft: list[int] = tokens[start : start + num_tokens].tolist()
+    period = len(tokens) - start
     while len(draft) < num_tokens:
-        draft.append(draft[len(draft) - (len(tokens) - start)])
+        draft.append(draft[len(draft) - period])
     return draft
 
 

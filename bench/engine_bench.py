@@ -15,10 +15,11 @@ with our block size, block count and token budget, (c) our engine, one token a s
 engine with n-gram speculative decoding (engine.num_speculative_tokens 4, the app's default). Multi-turn: 8 sessions x 6
 turns, each turn = previous prompt + reply + a new 64-token user message; time to first token of
 the last turn with our prefix cache on and off. Decode scaling: the time of a decode step for 1,
-4, 16 and 64 sequences. SmolLM2: (a), (b) and (c) again on 16 chat prompts framed by the model's
-own chat template with the app's default system prompt, 8 questions alone and 8 after pasted
-documentation (Python's own module docstrings, cut to 256-1024 tokens); at most 64 new tokens,
-each reply ending at the model's end of turn as in the app. The last line is JSON.
+4, 16 and 64 sequences. Decode attention: a decode step of 8 sequences at 256 to 2,048 tokens of
+context, the paged kernel against gathering for SDPA. SmolLM2: (a), (b) and (c) again on 16 chat
+prompts framed by the model's own chat template with the app's default system prompt, 8 questions
+alone and 8 after pasted documentation (Python's own module docstrings, cut to 256-1024 tokens); at
+most 64 new tokens, each reply ending at the model's end of turn as in the app. The last line is JSON.
 """
 
 import argparse
@@ -431,6 +432,41 @@ def decode_scaling(path: Path, quick: bool) -> dict[str, float]:
     return tokens_per_s
 
 
+def decode_attention(path: Path, quick: bool) -> dict:
+    """Decode steps of 8 sequences at growing contexts: attention read in place by the paged kernel,
+    against the KV gathered into padded buckets for SDPA. One engine, the two alternated 3 times."""
+    contexts = (256,) if quick else (256, 1024, 2048)
+    engine = build_engine(path)
+    runner = engine.core.runner
+    if not runner.paged_kernel:
+        print("\ndecode attention: the paged kernel did not build here (no C compiler?): skipped")
+        engine.shutdown()
+        return {"speedup_by_context": {}, "parity": True}
+    generator = torch.Generator().manual_seed(6)
+    print("\ndecode attention: 8 sequences, 16 new tokens each; median ms a decode step")
+    print(f"{'context':>10} {'kernel':>10} {'gathered':>10} {'speedup':>10}")
+    speedups, parity = {}, True
+    for context in contexts:
+        prompts = [random_tokens(generator, context) for _ in range(8)]
+        # the prompts in the prefix cache first, so that every run starts its 8 decodes together
+        ours(engine, prompts, Decoding(1, stop_at_eos=False))
+        step_s: dict[bool, list[float]] = {True: [], False: []}
+        outputs = {}
+        for kernel in (True, False) * 3:
+            runner.paged_kernel = kernel
+            num_steps = len(engine.core.metrics.steps)
+            outputs[kernel] = ours(engine, prompts, Decoding(16, stop_at_eos=False))
+            steps = list(engine.core.metrics.steps)[num_steps:]
+            step_s[kernel] += [s.duration_s for s in steps if s.num_batched_tokens == s.num_seqs == len(prompts)]
+        parity = parity and outputs[True] == outputs[False]
+        kernel_s, gathered_s = statistics.median(step_s[True]), statistics.median(step_s[False])
+        speedups[str(context)] = round(gathered_s / kernel_s, 2)
+        print(f"{context:>10} {kernel_s * 1e3:>10.1f} {gathered_s * 1e3:>10.1f} {gathered_s / kernel_s:>9.2f}x")
+    print(f"same tokens either way: {parity}")
+    engine.shutdown()
+    return {"speedup_by_context": speedups, "parity": parity}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small workload, for a smoke test")
@@ -457,6 +493,7 @@ def main() -> None:
         speed = throughput(engines, hf_model, random_prompts(work), decoding, args.profile)
         turns = multiturn(path, work)
         decode = decode_scaling(path, args.quick)
+        attention = decode_attention(path, args.quick)
     smollm2 = smollm2_throughput(args.data_dir, work, args.profile)
     summary = {
         "throughput_vs_hf_sequential": round(speed.vs_sequential, 2),
@@ -465,6 +502,8 @@ def main() -> None:
         "multiturn_ttft_speedup": round(turns["speedup"], 2),
         "parity": speed.parity and turns["parity"],
         "decode_tokens_per_s_by_batch": decode,
+        "decode_attention_kernel_speedup_by_context": attention["speedup_by_context"],
+        "decode_attention_parity": attention["parity"],
         "smollm2_throughput_vs_hf_sequential": round(smollm2.vs_sequential, 2),
         "smollm2_throughput_vs_hf_generate_batch": round(smollm2.vs_batch, 2),
         "smollm2_speculation_speedup": round(smollm2.speculation_speedup, 2),

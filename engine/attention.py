@@ -3,6 +3,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from . import paged_kernel
+
 
 @dataclass
 class PrefillSpan:
@@ -35,12 +37,24 @@ class DecodeBucket:
 
 
 @dataclass
+class DecodeRows:
+    """The decodes' queries for the paged kernel (paged_kernel.py), rows [0, len(context_lens)) of
+    the flat batch: each reads its sequence's KV in place, up to its own position."""
+
+    block_tables: torch.Tensor  # the decoding sequences' block tables, one after another
+    table_starts: torch.Tensor  # [rows]: where the row's sequence's table starts in `block_tables`
+    context_lens: torch.Tensor  # [rows]: the keys the row sees, its own included
+
+
+@dataclass
 class AttentionMetadata:
     """Where this step's tokens go in the KV pool and what each attends to. The flat batch holds
-    the decodes first, each sequence's query tokens together, then the prefill spans."""
+    the decodes first, each sequence's query tokens together, then the prefill spans. The decodes
+    are either `decode_rows`, where the paged kernel is built, or `decode_buckets`."""
 
     slot_mapping: torch.Tensor
-    decodes: list[DecodeBucket]
+    decode_rows: DecodeRows | None
+    decode_buckets: list[DecodeBucket]
     prefills: list[PrefillSpan]
 
 
@@ -73,7 +87,12 @@ def paged_attention(
     out = torch.empty_like(q)
     num_heads, head_dim = q.shape[-2:]
     num_kv_heads = k.shape[-2]
-    for bucket in meta.decodes:
+    if meta.decode_rows is not None:
+        rows = meta.decode_rows
+        paged_kernel.decode_attention(
+            q, out, k_cache, v_cache, rows.block_tables, rows.table_starts, rows.context_lens, scale
+        )
+    for bucket in meta.decode_buckets:
         # The query heads sharing a KV head, at each of the sequence's positions, become that KV
         # head's query rows: GQA without repeating the cache, and one call for all the drafts.
         num_seqs, num_queries = bucket.block_tables.shape[0], bucket.num_queries

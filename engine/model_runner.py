@@ -5,7 +5,8 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from .attention import AttentionMetadata, DecodeBucket, PrefillSpan
+from . import paged_kernel
+from .attention import AttentionMetadata, DecodeBucket, DecodeRows, PrefillSpan
 from .config import EngineConfig
 from .kv_pool import cdiv
 from .model import CausalLM
@@ -43,6 +44,10 @@ class ModelRunner:
         self.num_threads = torch.get_num_threads()
         self.block_size = config.block_size
         self.num_queries_per_kv = model.arch.num_heads // model.arch.num_kv_heads
+        # decodes read the pool in place where the kernel serves; elsewhere buckets gather for SDPA
+        self.paged_kernel = paged_kernel.serves(
+            self.device, self.dtype, model.arch.num_heads, model.arch.head_dim, config.block_size
+        )
         num_layers, num_kv_heads, head_dim = model.arch.num_layers, model.arch.num_kv_heads, model.arch.head_dim
         # K and V of one block in every layer
         block_bytes = 2 * num_layers * config.block_size * num_kv_heads * head_dim * self.dtype.itemsize
@@ -122,7 +127,8 @@ class ModelRunner:
                 sample_seqs.append(seq)
         meta = AttentionMetadata(
             slot_mapping=self._tensor(np.concatenate(slots)),
-            decodes=self._decode_buckets(decodes),
+            decode_rows=self._decode_rows(decodes) if self.paged_kernel else None,
+            decode_buckets=[] if self.paged_kernel else self._decode_buckets(decodes),
             prefills=spans,
         )
         return ModelInput(
@@ -146,6 +152,20 @@ class ModelRunner:
         """`_slot` for a span of positions, its last this step."""
         assert len(seq.block_table) == cdiv(int(positions[-1]) + 1, self.block_size)
         return np.array(seq.block_table)[positions // self.block_size] * self.block_size + positions % self.block_size
+
+    def _decode_rows(self, decodes: list[Sequence]) -> DecodeRows | None:
+        block_tables: list[int] = []
+        table_starts: list[int] = []
+        context_lens: list[int] = []
+        for seq in decodes:
+            positions = self._query_positions(seq)
+            assert len(seq.block_table) == cdiv(positions[-1] + 1, self.block_size)
+            table_starts += [len(block_tables)] * len(positions)
+            context_lens += (position + 1 for position in positions)
+            block_tables += seq.block_table
+        if not context_lens:
+            return None
+        return DecodeRows(self._tensor(block_tables), self._tensor(table_starts), self._tensor(context_lens))
 
     def _decode_buckets(self, decodes: list[Sequence]) -> list[DecodeBucket]:
         """`decodes` is sorted by block table, longest first. A bucket ends where a block table is

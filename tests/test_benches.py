@@ -60,6 +60,9 @@ def test_engine_bench(smollm2_dir: Path) -> None:
     assert figures["smollm2_parity"] is True  # with speculation and without
     assert figures["speculation_speedup"] > 0 and figures["smollm2_speculation_speedup"] > 0
     assert set(figures["decode_tokens_per_s_by_batch"]) == {"1", "4"}
+    # the kernel reads the pool in place; the same greedy tokens as gathering the blocks for SDPA
+    assert set(figures["decode_attention_kernel_speedup_by_context"]) == {"256"}
+    assert figures["decode_attention_parity"] is True
 
 
 def test_claims_bench() -> None:

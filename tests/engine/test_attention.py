@@ -1,7 +1,9 @@
-"""Decode attention over the paged KV pool, against attention computed over each sequence's own
-keys and values laid out in order."""
+"""Decode attention over the paged KV pool, both ways (the kernel reading it in place, buckets
+gathering it for SDPA), against attention computed over each sequence's own keys and values laid
+out in order."""
 
 import numpy as np
+import pytest
 import torch
 
 from engine import LLMEngine, SamplingParams
@@ -13,9 +15,12 @@ from tests.engine.conftest import Checkpoint
 BLOCK = 4
 
 
-def test_one_decode_bucket_serves_drafts_of_every_length(small_checkpoint: Checkpoint) -> None:
+@pytest.mark.parametrize("paged_kernel", [True, False], ids=["kernel", "buckets"])
+def test_decode_attention_serves_drafts_of_every_length(small_checkpoint: Checkpoint, paged_kernel: bool) -> None:
     engine = LLMEngine.from_pretrained(str(small_checkpoint.path), block_size=BLOCK, kv_cache_tokens=64 * BLOCK)
     runner = engine.core.runner
+    assert runner.paged_kernel, "the kernel builds on CPU in float32"
+    runner.paged_kernel = paged_kernel
     gen = torch.Generator().manual_seed(0)
     num_blocks, num_kv_heads, head_dim = runner.num_blocks, 2, 8
     num_heads = num_kv_heads * runner.num_queries_per_kv
@@ -31,7 +36,12 @@ def test_one_decode_bucket_serves_drafts_of_every_length(small_checkpoint: Check
         seqs.append(seq)
 
     batch = runner.prepare([(seq, 1 + len(seq.draft_token_ids)) for seq in seqs])
-    assert [(bucket.start, bucket.end, bucket.num_queries) for bucket in batch.meta.decodes] == [(0, 7, 4)]
+    if paged_kernel:
+        assert batch.meta.decode_rows is not None and batch.meta.decode_buckets == []
+        assert batch.meta.decode_rows.context_lens.tolist() == [10, 11, 12, 13, 12, 11, 12]
+    else:
+        assert batch.meta.decode_rows is None
+        assert [(bucket.start, bucket.end, bucket.num_queries) for bucket in batch.meta.decode_buckets] == [(0, 7, 4)]
     q = torch.randn(len(batch.input_ids), num_heads, head_dim, generator=gen)
     unused = torch.empty(len(batch.input_ids), num_kv_heads, head_dim)
     out = paged_attention(q, unused, unused, k_cache, v_cache, batch.meta, scale=head_dim**-0.5)

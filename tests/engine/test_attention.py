@@ -2,11 +2,16 @@
 gathering it for SDPA), against attention computed over each sequence's own keys and values laid
 out in order."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from engine import LLMEngine, SamplingParams
+from engine import LLMEngine, SamplingParams, paged_kernel
 from engine.attention import paged_attention
 from engine.kv_pool import cdiv
 from engine.sequence import Sequence
@@ -60,3 +65,28 @@ def test_decode_attention_serves_drafts_of_every_length(small_checkpoint: Checkp
             torch.testing.assert_close(out[row], expected)
             row += 1
     assert row == len(q)
+
+
+def test_without_a_compiler_decodes_gather_for_sdpa() -> None:
+    code = (
+        "import torch; from engine import paged_kernel; "
+        "print(paged_kernel.serves(torch.device('cpu'), torch.float32, 8, 64, 16))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PATH": ""},
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.strip() == "False"
+    assert "no C compiler (cc): decode attention gathers the KV blocks for SDPA instead" in result.stderr
+
+
+def test_the_kernel_serves_float32_on_cpu_within_its_buffers() -> None:
+    cpu = torch.device("cpu")
+    assert paged_kernel.serves(cpu, torch.float32, num_heads=32, head_dim=128, block_size=16)
+    assert not paged_kernel.serves(cpu, torch.bfloat16, num_heads=32, head_dim=128, block_size=16)
+    assert not paged_kernel.serves(cpu, torch.float32, num_heads=32, head_dim=512, block_size=16)
+    assert not paged_kernel.serves(torch.device("cuda"), torch.float32, num_heads=32, head_dim=128, block_size=16)

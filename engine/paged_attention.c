@@ -22,6 +22,7 @@ static void attend(const float *restrict q, float *restrict out, const float *re
                    const float *restrict v_cache, const int64_t *restrict block_table, int64_t context_len,
                    int64_t num_kv_heads, int64_t group, int64_t head_dim, int64_t block_size, float scale)
 {
+    /* 256 KB: kept off the stack of OpenMP's threads */
     static _Thread_local float acc[MAX_HEADS][MAX_HEAD_DIM], scores[MAX_HEADS][MAX_BLOCK_SIZE];
     float running_max[MAX_HEADS], running_sum[MAX_HEADS];
     const int64_t num_heads = num_kv_heads * group, token_stride = num_kv_heads * head_dim;
@@ -33,8 +34,9 @@ static void attend(const float *restrict q, float *restrict out, const float *re
     for (int64_t first = 0; first < context_len; first += block_size) {
         const int64_t num_tokens = context_len - first < block_size ? context_len - first : block_size;
         const int64_t offset = block_table[first / block_size] * block_size * token_stride;
-        /* the next block is anywhere in the pool, where the hardware prefetcher cannot guess */
-        const int64_t next = first + block_size < context_len ? block_table[first / block_size + 1] * block_size * token_stride : offset;
+        /* the next block is anywhere in the pool, where the hardware prefetcher cannot guess it */
+        const int64_t next =
+            first + block_size < context_len ? block_table[first / block_size + 1] * block_size * token_stride : offset;
         for (int64_t t = 0; t < num_tokens; t++) {
             const float *keys = k_cache + offset + t * token_stride;
             for (int64_t i = 0; i < token_stride; i += 16) {

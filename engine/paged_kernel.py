@@ -24,8 +24,10 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("paged_attention.c")
 # -march=native: built where it runs. -ffast-math lets the softmax's expf vectorize (glibc's libmvec)
-# and the dot products reassociate, as SDPA's own kernels do.
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC")
+# and the dot products reassociate, as SDPA's own kernels do; it is not given to the link, where gcc
+# would add crtfastmath.o, whose constructor turns on flush-to-zero for the whole process, torch too.
+COMPILE = ("-c", "-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC")
+LINK = ("-shared", "-fopenmp")
 
 
 @functools.cache
@@ -35,11 +37,15 @@ def _library() -> ctypes.CDLL | None:
         logger.warning("no C compiler (cc): decode attention gathers the KV blocks for SDPA instead")
         return None
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "paged_attention.so"
-        built = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(path), "-lm"], capture_output=True, text=True)
-        if built.returncode != 0:
-            logger.warning("paged_attention.c did not build; decode attention gathers for SDPA:\n%s", built.stderr)
-            return None
+        object_path, path = Path(folder) / "paged_attention.o", Path(folder) / "paged_attention.so"
+        for command in (
+            [compiler, *COMPILE, str(SOURCE), "-o", str(object_path)],
+            [compiler, *LINK, str(object_path), "-o", str(path), "-lm"],
+        ):
+            built = subprocess.run(command, capture_output=True, text=True)
+            if built.returncode != 0:
+                logger.warning("paged_attention.c did not build; decode attention gathers for SDPA:\n%s", built.stderr)
+                return None
         try:
             library = ctypes.CDLL(str(path))
         except OSError as error:  # e.g. a temporary folder mounted noexec

@@ -3,7 +3,7 @@ engine loads.
 
 Without it a decode bucket's blocks are gathered into a padded tensor for SDPA, every layer of every
 step: a fresh allocation holding the bucket's whole context, written and read again. A decode
-step of 8 sequences at 2,048 tokens of context is 1.45x faster with the kernel (bench/engine_bench.py).
+step of 8 sequences at 2,048 tokens of context is 1.5x faster with the kernel (bench/engine_bench.py).
 PyTorch has no paged-attention op for CPU, and torch.utils.cpp_extension takes 24 s to build
 against its headers on 2 cores; the kernel is plain C, built in well under a second by the system's
 compiler and called through ctypes. Its OpenMP loop runs on the runtime torch has loaded (the loader

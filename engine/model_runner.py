@@ -91,7 +91,8 @@ class ModelRunner:
         return max(1, self.num_threads - 1)
 
     def prepare(self, scheduled: ScheduledBatch) -> ModelInput:
-        # a decode computes its sequence's last token and the draft after it, every row sampled
+        # a decode computes its sequence's last token and the draft after it, every row sampled;
+        # longest block table first, so that decode buckets are runs of rows
         decodes = sorted(
             (seq for seq, _ in scheduled if seq.num_uncomputed_tokens == 1),
             key=lambda s: len(s.block_table),
@@ -139,10 +140,11 @@ class ModelRunner:
             sample_seqs,
         )
 
-    @staticmethod
-    def _query_positions(seq: Sequence) -> range:
+    def _query_positions(self, seq: Sequence) -> range:
         """The positions a decode computes: its last token's, then its draft tokens'."""
-        return range(seq.num_computed_tokens, seq.num_computed_tokens + 1 + len(seq.draft_token_ids))
+        positions = range(seq.num_computed_tokens, seq.num_computed_tokens + 1 + len(seq.draft_token_ids))
+        assert len(seq.block_table) == cdiv(positions[-1] + 1, self.block_size)
+        return positions
 
     def _slot(self, seq: Sequence, position: int) -> int:
         """Where the KV of `seq`'s token at `position` goes in the pool."""
@@ -159,7 +161,6 @@ class ModelRunner:
         context_lens: list[int] = []
         for seq in decodes:
             positions = self._query_positions(seq)
-            assert len(seq.block_table) == cdiv(positions[-1] + 1, self.block_size)
             table_starts += [len(block_tables)] * len(positions)
             context_lens += (position + 1 for position in positions)
             block_tables += seq.block_table
@@ -191,7 +192,6 @@ class ModelRunner:
         row = start
         for i, seq in enumerate(seqs):
             positions = self._query_positions(seq)
-            assert len(seq.block_table) == cdiv(positions[-1] + 1, self.block_size)
             # a padded query repeats the sequence's last: a real row, attending to real keys
             query_rows += [row + min(j, len(positions) - 1) for j in range(num_queries)]
             query_positions += [positions[min(j, len(positions) - 1)] for j in range(num_queries)]

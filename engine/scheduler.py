@@ -73,13 +73,12 @@ class Scheduler:
             and num_preemptions == self.num_preemptions
         ):
             seq = self.waiting[0]
-            computed_blocks = self.kv_pool.get_computed_blocks(seq)
-            num_cached_tokens = len(computed_blocks) * self.kv_pool.block_size
-            num_new_tokens = min(seq.num_tokens - num_cached_tokens, budget)
-            if not self.kv_pool.allocate(seq, computed_blocks, num_new_tokens):
+            prefix = self.kv_pool.cached_prefix(seq)
+            num_new_tokens = min(seq.num_tokens - prefix.num_tokens, budget)
+            if not self.kv_pool.allocate(seq, prefix, num_new_tokens):
                 break
             if seq.num_preemptions == 0:
-                seq.num_cached_tokens = num_cached_tokens
+                seq.num_cached_tokens = prefix.num_tokens
             self.waiting.pop(0)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

@@ -51,6 +51,24 @@ def test_greedy_parity_with_shared_prefixes(parity_checkpoint: Checkpoint, num_s
         assert (engine.figures().activity.draft_tokens.accepted > 0) == (num_speculative_tokens > 0)
 
 
+@pytest.mark.parametrize("num_speculative_tokens", [0, 4])
+def test_greedy_parity_of_a_next_turn_on_the_last_turns_partial_block(
+    parity_checkpoint: Checkpoint, num_speculative_tokens: int
+) -> None:
+    vocab_size = parity_checkpoint.hf_model.config.vocab_size
+    first_turns = ragged_prompts(vocab_size, seed=2)[3:6]  # 17, 64 and 130 tokens
+    with LLMEngine.from_pretrained(
+        str(parity_checkpoint.path), num_speculative_tokens=num_speculative_tokens
+    ) as engine:
+        answers = assert_parity(engine, parity_checkpoint, first_turns)
+        next_turns = [p + a.token_ids + [7, 8, 9] for p, a in zip(first_turns, answers, strict=True)]
+        outputs = assert_parity(engine, parity_checkpoint, next_turns)
+        # every token whose KV the first turn computed (all but its last) serves the next one
+        expected = [len(p) + len(a.token_ids) - 1 for p, a in zip(first_turns, answers, strict=True)]
+        assert [o.num_cached_tokens for o in outputs] == expected
+        assert engine.core.kv_pool.num_free_blocks == engine.core.kv_pool.num_blocks
+
+
 def test_greedy_parity_under_preemption(parity_checkpoint: Checkpoint) -> None:
     vocab_size = parity_checkpoint.hf_model.config.vocab_size
     prompts = ragged_prompts(vocab_size, seed=1)

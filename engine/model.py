@@ -22,10 +22,11 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(input_dtype)
 
 
-# MKL, behind F.linear on CPU, takes a generic path on AMD's cores: on this machine's 2-core EPYC,
-# oneDNN computes SmolLM2's projections at 8 rows in 21 ms against 36 ms, at 200 rows in 122 against
-# 270, and its LM head at 8 rows in 4.7 against 13 ms. Both sum in float32, in another order, and
-# greedy outputs still match transformers' token for token (tests/engine/test_parity.py).
+# MKL, behind F.linear on CPU, takes a generic path on AMD's cores (MKL_VERBOSE names no AVX
+# level): on this machine's 2-core EPYC, oneDNN computes SmolLM2's projections at 8 rows in 21 ms
+# against 36 ms, at 200 rows in 122 against 270, and its LM head at 8 rows in 4.7 against 13 ms.
+# Both sum in float32, in another order, and greedy outputs still match transformers' token for
+# token (tests/engine/test_parity.py).
 _ONEDNN = torch.backends.mkldnn.is_available()
 
 

@@ -172,7 +172,8 @@ class ResponseCache:
         if hit is None and comparable and text is not None:
             if while_embedding is not None:
                 while_embedding()
-            vector = await self._embedding_in_budget(text)
+            # the budget is the whole lookup's: the L1 pass may have waited for a busy loop
+            vector = await self._embedding_in_budget(text, self._budget_s - (time.perf_counter() - started))
         if vector is not None:
             candidates = await self._in_lookups(self._nearest, scope.key, vector, now, max_tokens)
             self._remember(key, vector)
@@ -227,23 +228,25 @@ class ResponseCache:
         if self._hit_saver is not None:
             await self._hit_saver
 
-    async def _embedding_in_budget(self, text: str) -> np.ndarray | None:
-        """A question's vector (`text`: its `embedded_text`), or None past `lookup_budget_ms`:
-        under a burst the embedder's queue outgrows any wait a hit could save (300 concurrent
-        lookups on 2 cores: p99 0.8 s), so a lookup past its budget leaves the queue, its question
-        not embedded, and misses; one that the queue ahead of it could not serve within the
-        budget misses at once."""
+    async def _embedding_in_budget(self, text: str, budget_s: float) -> np.ndarray | None:
+        """A question's vector (`text`: its `embedded_text`), or None past `budget_s`: under a
+        burst the embedder's queue outgrows any wait a hit could save (300 concurrent lookups on 2
+        cores: p99 0.8 s), so a lookup past its budget leaves the queue, its question not
+        embedded, and misses; one that the queue ahead of it could not serve within the budget
+        misses at once."""
         try:
-            return await asyncio.wait_for(self._embeddings.embed(text, within_s=self._budget_s), self._budget_s)
+            if budget_s > 0:
+                return await asyncio.wait_for(self._embeddings.embed(text, within_s=budget_s), budget_s)
         except (TimeoutError, EmbedderBusy):
-            self._counts["over_budget"] += 1
-            return None
+            pass
+        self._counts["over_budget"] += 1
+        return None
 
     async def _vector(self, question: str, key: str) -> np.ndarray | None:
         vector = self._pending.get(key)
         text = embedded_text(question)
         if vector is None and text is not None:
-            vector = await self._embedding_in_budget(text)
+            vector = await self._embedding_in_budget(text, self._budget_s)
             if vector is not None:
                 self._remember(key, vector)
         return vector

@@ -428,13 +428,7 @@ class SessionStore:
         query a turn; every write of a session goes through its copy under the lock, so a copy
         that is not behind is exact."""
         with self.db.session() as session:
-            row = SessionRepository(session).get(state.id)
-            if row is None or row.state != "active":
-                return True
-            return (
-                MessageRepository(session).next_seq(state.id) != state.next_seq
-                or row.compressions != state.compressions
-            )
+            return SessionRepository(session).progress(state.id) != ("active", state.next_seq, state.compressions)
 
     def _write_seed(self, messages: MessageRepository, session_id: int, seed: Transcript) -> None:
         """The earlier messages of a transcript, framed as if this session had lived them."""

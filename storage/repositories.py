@@ -76,6 +76,16 @@ class SessionRepository:
     def get(self, session_id: int) -> ChatSession | None:
         return self.session.get(ChatSession, session_id)
 
+    def progress(self, session_id: int) -> tuple[str, int, int] | None:
+        """(state, the seq its next message takes, compressions), in one query: what a copy of the
+        session in memory is checked against before each turn."""
+        last_seq = select(func.max(Message.seq)).where(Message.session_id == session_id).scalar_subquery()
+        next_seq = func.coalesce(last_seq + 1, 0)
+        row = self.session.execute(
+            select(ChatSession.state, next_seq, ChatSession.compressions).where(ChatSession.id == session_id)
+        ).one_or_none()
+        return None if row is None else (row.state, row[1], row.compressions)
+
     def create(self, key: str, *, chat_id: str | None = None, system_prompt: str | None = None) -> ChatSession:
         chat_session = ChatSession(key=key, chat_id=chat_id, system_prompt=system_prompt)
         self.session.add(chat_session)
@@ -152,11 +162,6 @@ class MessageRepository:
         self.session.add(message)
         self.session.flush()
         return message
-
-    def next_seq(self, session_id: int) -> int:
-        """The seq the session's next message takes: one past its last."""
-        last = self.session.scalar(select(func.max(Message.seq)).where(Message.session_id == session_id))
-        return 0 if last is None else last + 1
 
     def of_session(self, session_id: int) -> Sequence[Message]:
         return self.session.scalars(select(Message).where(Message.session_id == session_id).order_by(Message.seq)).all()

@@ -316,6 +316,22 @@ async def test_a_lookup_past_its_budget_misses_and_leaves_the_embedder_s_queue(
     assert await cache.lookup(SHARED, "What's Docker?") is not None  # the embedder is free again
 
 
+async def test_the_budget_is_the_whole_lookup_s_so_one_whose_exact_pass_took_it_is_not_embedded(
+    embedder: Embedder, clock: Clock
+) -> None:
+    held = Counting(embedder)
+    cache = make_cache(held, clock, lookup_budget_ms=50)
+    await cache.store(SHARED, "What is Docker?", "d")
+    forwards = len(held.asked)
+    with cache._lock:  # a writer holds the entries (a FAISS retrain takes seconds): the exact pass waits
+        lookup = asyncio.create_task(cache.lookup(SHARED, "What's Docker?"))
+        await asyncio.sleep(0.2)
+    assert await lookup is None
+    figures = cache.figures()
+    assert (figures.over_budget, figures.misses) == (1, 1)
+    assert len(held.asked) == forwards
+
+
 async def test_disabled_cache_does_nothing(embedder: Embedder, clock: Clock) -> None:
     cache = make_cache(embedder, clock, enabled=False)
     assert not await cache.store(SHARED, "What is Docker?", "d")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -172,7 +173,7 @@ class ResponseCache:
         if hit is None and comparable and text is not None:
             if while_embedding is not None:
                 while_embedding()
-            # the budget is the whole lookup's: the L1 pass may have waited for a busy loop
+            # the budget is the whole lookup's: the L1 pass may have waited (a busy loop, a writer)
             vector = await self._embedding_in_budget(text, self._budget_s - (time.perf_counter() - started))
         if vector is not None:
             candidates = await self._in_lookups(self._nearest, scope.key, vector, now, max_tokens)
@@ -234,11 +235,9 @@ class ResponseCache:
         cores: p99 0.8 s), so a lookup past its budget leaves the queue, its question not
         embedded, and misses; one that the queue ahead of it could not serve within the budget
         misses at once."""
-        try:
-            if budget_s > 0:
+        if budget_s > 0:
+            with contextlib.suppress(TimeoutError, EmbedderBusy):
                 return await asyncio.wait_for(self._embeddings.embed(text, within_s=budget_s), budget_s)
-        except (TimeoutError, EmbedderBusy):
-            pass
         self._counts["over_budget"] += 1
         return None
 

@@ -80,11 +80,11 @@ class SessionRepository:
         """(state, the seq its next message takes, compressions), in one query: what a copy of the
         session in memory is checked against before each turn."""
         last_seq = select(func.max(Message.seq)).where(Message.session_id == session_id).scalar_subquery()
-        next_seq = func.coalesce(last_seq + 1, 0)
+        next_seq = func.coalesce(last_seq + 1, 0).label("next_seq")
         row = self.session.execute(
             select(ChatSession.state, next_seq, ChatSession.compressions).where(ChatSession.id == session_id)
         ).one_or_none()
-        return None if row is None else (row.state, row[1], row.compressions)
+        return None if row is None else (row.state, row.next_seq, row.compressions)
 
     def create(self, key: str, *, chat_id: str | None = None, system_prompt: str | None = None) -> ChatSession:
         chat_session = ChatSession(key=key, chat_id=chat_id, system_prompt=system_prompt)

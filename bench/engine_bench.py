@@ -16,7 +16,9 @@ engine with n-gram speculative decoding (engine.num_speculative_tokens 4, the ap
 turns, each turn = previous prompt + reply + a new 64-token user message; time to first token of
 the last turn with our prefix cache on and off. Decode scaling: the time of a decode step for 1,
 4, 16 and 64 sequences. Decode attention: a decode step of 8 sequences at 256 to 2,048 tokens of
-context, the paged kernel against gathering for SDPA. SmolLM2: (a), (b) and (c) again on 16 chat
+context, the paged kernel against gathering for SDPA. Greedy head: a decode step of 1, 8 and 32
+sequences on the demo model and on SmolLM2, the LM head and the pick in one pass against oneDNN's
+logits and argmax. SmolLM2: (a), (b) and (c) again on 16 chat
 prompts framed by the model's own chat template with the app's default system prompt, 8 questions
 alone and 8 after pasted documentation (Python's own module docstrings, cut to 256-1024 tokens); at
 most 64 new tokens, each reply ending at the model's end of turn as in the app. The last line is JSON.
@@ -44,7 +46,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine import ChatFormat, EngineConfig, LLMEngine, SamplingParams
-from engine.builtin_models import SMOLLM2_MODEL, ModelFetchError, ensure_smollm2
+from engine.builtin_models import DEMO_MODEL, SMOLLM2_MODEL, ModelFetchError, ensure_smollm2
 from settings.sections import ContextSettings
 
 T = TypeVar("T")
@@ -467,6 +469,46 @@ def decode_attention(path: Path, quick: bool) -> dict:
     return {"speedup_by_context": speedups, "parity": parity}
 
 
+def greedy_head(data_dir: Path, quick: bool) -> dict:
+    """Decode steps of 1 to 32 sequences, one token each: the LM head and the greedy pick in one
+    pass (greedy_head.c) against oneDNN's logits and argmax, on the demo model (its LM head
+    bfloat16 in the checkpoint) and on SmolLM2 (float32). One engine each, the two alternated 3 times."""
+    batches = (8,) if quick else (1, 8, 32)
+    speedups: dict[str, dict[str, float]] = {}
+    parity = True
+    for model in (DEMO_MODEL, SMOLLM2_MODEL):
+        engine = build_engine(model, str(data_dir))
+        runner = engine.core.runner
+        head = runner.greedy_head
+        if head is None:
+            print("\ngreedy head: the kernel did not build here (no C compiler?): skipped")
+            engine.shutdown()
+            return {"speedup_by_batch": {}, "parity": True}
+        generator = torch.Generator().manual_seed(7)
+        kind = "bfloat16" if head.is_bf16 else "float32"
+        print(f"\ngreedy head, {model}: LM head {head.vocab_size:,} x {head.hidden_size} in {kind}; median ms a step")
+        print(f"{'sequences':>10} {'one pass':>10} {'logits':>10} {'speedup':>10}")
+        speedups[model] = {}
+        for batch in batches:
+            prompts = [random_tokens(generator, 128) for _ in range(batch)]
+            ours(engine, prompts, Decoding(1, stop_at_eos=False))
+            step_s: dict[bool, list[float]] = {True: [], False: []}
+            outputs = {}
+            for fused in (True, False) * 3:
+                runner.greedy_head = head if fused else None
+                num_steps = len(engine.core.metrics.steps)
+                outputs[fused] = ours(engine, prompts, Decoding(16, stop_at_eos=False))
+                steps = list(engine.core.metrics.steps)[num_steps:]
+                step_s[fused] += [s.duration_s for s in steps if s.num_batched_tokens == s.num_seqs == batch]
+            parity = parity and outputs[True] == outputs[False]
+            fused_s, logits_s = statistics.median(step_s[True]), statistics.median(step_s[False])
+            speedups[model][str(batch)] = round(logits_s / fused_s, 2)
+            print(f"{batch:>10} {fused_s * 1e3:>10.1f} {logits_s * 1e3:>10.1f} {logits_s / fused_s:>9.2f}x")
+        engine.shutdown()
+    print(f"same tokens either way: {parity}")
+    return {"speedup_by_batch": speedups, "parity": parity}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small workload, for a smoke test")
@@ -495,6 +537,7 @@ def main() -> None:
         decode = decode_scaling(path, args.quick)
         attention = decode_attention(path, args.quick)
     smollm2 = smollm2_throughput(args.data_dir, work, args.profile)
+    head = greedy_head(args.data_dir, args.quick)
     summary = {
         "throughput_vs_hf_sequential": round(speed.vs_sequential, 2),
         "throughput_vs_hf_generate_batch": round(speed.vs_batch, 2),
@@ -504,6 +547,8 @@ def main() -> None:
         "decode_tokens_per_s_by_batch": decode,
         "decode_attention_kernel_speedup_by_context": attention["speedup_by_context"],
         "decode_attention_parity": attention["parity"],
+        "greedy_head_speedup_by_batch": head["speedup_by_batch"],
+        "greedy_head_parity": head["parity"],
         "smollm2_throughput_vs_hf_sequential": round(smollm2.vs_sequential, 2),
         "smollm2_throughput_vs_hf_generate_batch": round(smollm2.vs_batch, 2),
         "smollm2_speculation_speedup": round(smollm2.speculation_speedup, 2),

@@ -6,7 +6,6 @@ from .metrics import EngineMetrics
 from .model import CausalLM
 from .model_runner import ModelRunner
 from .outputs import FinishReason
-from .sampler import sample
 from .scheduler import Scheduler
 from .sequence import Sequence
 from .speculation import accept_draft
@@ -51,12 +50,8 @@ class EngineCore:
         start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         assert scheduled, "a scheduler with work must schedule something"
-        seqs, logits = self.runner.run(scheduled)
-        # one row per position sampled: each sequence's last token, then its draft tokens
-        rows = [(seq, i) for seq in seqs for i in range(1 + len(seq.draft_token_ids))]
-        sampled: list[int] = sample(
-            logits, [s.params for s, _ in rows], [s.seed for s, _ in rows], [s.num_output_tokens + i for s, i in rows]
-        ).tolist()
+        # one token per position sampled: each sequence's last token, then its draft tokens
+        seqs, sampled = self.runner.run(scheduled)
         new_token_ids: list[tuple[Sequence, list[int]]] = []
         num_rejected: dict[Sequence, int] = {}
         finished: list[tuple[Sequence, FinishReason]] = []

@@ -194,6 +194,9 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         return self.model(input_ids, positions, meta, kv_cache)
 
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return linear(hidden, weight)
+        return linear(hidden, self.lm_head_weight)

@@ -8,8 +8,10 @@ from numpy.typing import NDArray
 from . import paged_kernel
 from .attention import AttentionMetadata, DecodeBucket, DecodeRows, PrefillSpan
 from .config import EngineConfig
+from .greedy_head import GreedyHead
 from .kv_pool import cdiv
 from .model import CausalLM
+from .sampler import sample
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
 
@@ -35,7 +37,7 @@ class ModelInput:
 
 
 class ModelRunner:
-    """Owns the model and its KV pool tensors; turns a scheduled batch into logits."""
+    """Owns the model and its KV pool tensors; turns a scheduled batch into sampled tokens."""
 
     def __init__(self, model: CausalLM, config: EngineConfig) -> None:
         self.model = model
@@ -49,6 +51,9 @@ class ModelRunner:
         self.paged_kernel = paged_kernel.serves(
             self.device, self.dtype, model.arch.num_heads, model.arch.head_dim, config.block_size
         )
+        # steps whose every row is greedy pick from the LM head in one pass where the kernel serves
+        lm_head = model.lm_head_weight
+        self.greedy_head = GreedyHead(lm_head) if GreedyHead.serves(lm_head) else None
         num_layers, num_kv_heads, head_dim = model.arch.num_layers, model.arch.num_kv_heads, model.arch.head_dim
         # K and V of one block in every layer
         block_bytes = 2 * num_layers * config.block_size * num_kv_heads * head_dim * self.dtype.itemsize
@@ -78,13 +83,22 @@ class ModelRunner:
         return num_blocks
 
     @torch.inference_mode()
-    def run(self, scheduled: ScheduledBatch) -> tuple[list[Sequence], torch.Tensor]:
-        """Computes the scheduled tokens; returns the sequences due a new token and the logits at
-        their last token and at each of their draft tokens, in order."""
+    def run(self, scheduled: ScheduledBatch) -> tuple[list[Sequence], list[int]]:
+        """Computes the scheduled tokens; returns the sequences due a new token and the tokens
+        sampled at their last token and at each of their draft tokens, in order."""
         batch = self.prepare(scheduled)
         torch.set_num_threads(self._num_threads_for(len(batch.input_ids)))
-        hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_cache)
-        return batch.sample_seqs, self.model.compute_logits(hidden[batch.logits_indices])
+        hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_cache)[batch.logits_indices]
+        rows = [(seq, i) for seq in batch.sample_seqs for i in range(1 + len(seq.draft_token_ids))]
+        if self.greedy_head is not None and all(seq.params.is_greedy for seq, _ in rows):
+            return batch.sample_seqs, self.greedy_head(hidden).tolist()
+        logits = self.model.compute_logits(hidden)
+        params, seeds, steps = (
+            [s.params for s, _ in rows],
+            [s.seed for s, _ in rows],
+            [s.num_output_tokens + i for s, i in rows],
+        )
+        return batch.sample_seqs, sample(logits, params, seeds, steps).tolist()
 
     def _num_threads_for(self, num_tokens: int) -> int:
         if num_tokens > MEMORY_BOUND_STEP_TOKENS:

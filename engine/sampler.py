@@ -13,14 +13,14 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
     """
     logits = logits.float()
     greedy = logits.argmax(dim=-1)
-    if all(p.temperature == 0 for p in params):
+    if all(p.is_greedy for p in params):
         return greedy
     device, vocab_size = logits.device, logits.shape[-1]
 
     def column(values: list) -> torch.Tensor:
         return torch.tensor(values, device=device)
 
-    is_greedy = column([p.temperature == 0 for p in params])
+    is_greedy = column([p.is_greedy for p in params])
     temperature = column([p.temperature or 1.0 for p in params])
     top_p = column([p.top_p for p in params])
     top_k = torch.where(

@@ -67,10 +67,10 @@ def test_decode_attention_serves_drafts_of_every_length(small_checkpoint: Checkp
     assert row == len(q)
 
 
-def test_without_a_compiler_decodes_gather_for_sdpa() -> None:
+def test_without_a_compiler_decodes_gather_for_sdpa_and_greedy_steps_take_the_logits() -> None:
     code = (
-        "import torch; from engine import paged_kernel; "
-        "print(paged_kernel.serves(torch.device('cpu'), torch.float32, 8, 64, 16))"
+        "import torch; from engine import paged_kernel; from engine.greedy_head import GreedyHead; "
+        "print(paged_kernel.serves(torch.device('cpu'), torch.float32, 8, 64, 16), GreedyHead.serves(torch.ones(4, 2)))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],
@@ -80,8 +80,10 @@ def test_without_a_compiler_decodes_gather_for_sdpa() -> None:
         text=True,
         check=True,
     )
-    assert result.stdout.strip() == "False"
-    assert "no C compiler (cc): decode attention gathers the KV blocks for SDPA instead" in result.stderr
+    assert result.stdout.strip() == "False False"
+    assert "no C compiler (cc) for the engine's CPU kernels: decode attention gathers the KV blocks for SDPA" in (
+        result.stderr
+    )
 
 
 def test_the_kernel_serves_float32_on_cpu_within_its_buffers() -> None:

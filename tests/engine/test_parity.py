@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from engine import LLMEngine, RequestOutput, SamplingParams
-from tests.engine.conftest import Checkpoint
+from tests.engine.conftest import PARITY_CONFIGS, Checkpoint, tiny_model
 
 NEW_TOKENS = 32
 
@@ -78,6 +78,17 @@ def test_greedy_parity_under_preemption(parity_checkpoint: Checkpoint) -> None:
         assert_parity(engine, parity_checkpoint, prompts + shared_prefix_prompts(prompts)[1:3])
         assert engine.figures().requests.preemptions > 0
         assert engine.core.kv_pool.num_free_blocks == engine.core.kv_pool.num_blocks
+
+
+@pytest.mark.parametrize("config", ["gqa1-tied", "gqa4-untied-hd32"])
+def test_greedy_parity_of_a_bfloat16_checkpoint_run_in_float32(tmp_path: Path, config: str) -> None:
+    tiny_model(**PARITY_CONFIGS[config]).bfloat16().save_pretrained(tmp_path)
+    # the reference loads it as our engine does on CPU: in float32, the same values
+    checkpoint = Checkpoint(tmp_path, AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval())
+    with LLMEngine.from_pretrained(str(tmp_path), num_speculative_tokens=4) as engine:
+        head = engine.core.runner.greedy_head
+        assert head is not None and head.is_bf16, "greedy steps read the LM head as bfloat16"
+        assert_parity(engine, checkpoint, ragged_prompts(PARITY_CONFIGS[config]["vocab_size"]))
 
 
 def chat_prompt(tokenizer: PreTrainedTokenizerBase, question: str) -> list[int]:

@@ -1,0 +1,67 @@
+"""The engine's C kernels for CPU in float32, built once when the engine loads: paged_attention.c
+(decode attention read in place from the KV pool, paged_kernel.py) and greedy_head.c (the LM head
+with a greedy pick, greedy_head.py).
+
+PyTorch has neither op for CPU, and torch.utils.cpp_extension takes 24 s to build against its
+headers on 2 cores; the kernels are plain C, built in well under a second by the system's compiler
+and called through ctypes. Their OpenMP loops run on the runtime torch has loaded (the loader
+reuses a loaded libgomp.so.1), so torch.set_num_threads sizes their teams too.
+"""
+
+import ctypes
+import functools
+import logging
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+# -march=native: built where it runs. -ffast-math lets the softmax's expf vectorize (glibc's libmvec)
+# and the dot products reassociate, as SDPA's own kernels do; the greedy pick must see NaN as
+# torch.argmax does, so it goes without. It is never given to the link, where gcc would add
+# crtfastmath.o, whose constructor turns on flush-to-zero for the whole process, torch too.
+SOURCES = {"paged_attention.c": ("-ffast-math",), "greedy_head.c": ()}
+COMPILE = ("-c", "-O3", "-march=native", "-fopenmp", "-fPIC")
+LINK = ("-shared", "-fopenmp")
+# what the engine does without them
+FALLBACK = "decode attention gathers the KV blocks for SDPA, a greedy step takes every logit from oneDNN"
+SIGNATURES: dict[str, tuple[list[type], type | None]] = {
+    "paged_decode_supports": ([ctypes.c_int64] * 3, ctypes.c_int),
+    "paged_decode_attention": ([ctypes.c_void_p] * 7 + [ctypes.c_int64] * 5 + [ctypes.c_float], None),
+    "greedy_head_lanes": ([], ctypes.c_int64),
+    "greedy_head": ([ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4, None),
+}
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The kernels, or None where there is no C compiler or they do not build (logged): callers
+    then take torch's ops."""
+    compiler = shutil.which("cc")
+    if compiler is None:
+        logger.warning("no C compiler (cc) for the engine's CPU kernels: %s", FALLBACK)
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        objects = [Path(folder) / Path(source).with_suffix(".o").name for source in SOURCES]
+        path = Path(folder) / "kernels.so"
+        commands = [
+            [compiler, *COMPILE, *flags, str(Path(__file__).with_name(source)), "-o", str(object_path)]
+            for (source, flags), object_path in zip(SOURCES.items(), objects, strict=True)
+        ]
+        commands.append([compiler, *LINK, *map(str, objects), "-o", str(path), "-lm"])
+        for command in commands:
+            built = subprocess.run(command, capture_output=True, text=True)
+            if built.returncode != 0:
+                logger.warning("the engine's CPU kernels did not build (%s):\n%s", FALLBACK, built.stderr)
+                return None
+        try:
+            loaded = ctypes.CDLL(str(path))
+        except OSError as error:  # e.g. a temporary folder mounted noexec
+            logger.warning("the engine's CPU kernels did not load (%s): %s", error, FALLBACK)
+            return None
+    for name, (argtypes, restype) in SIGNATURES.items():
+        function = getattr(loaded, name)
+        function.argtypes, function.restype = argtypes, restype
+    return loaded

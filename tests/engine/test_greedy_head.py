@@ -1,0 +1,46 @@
+"""The LM head's greedy pick (greedy_head.c) against torch: logits, then argmax."""
+
+import pytest
+import torch
+
+from engine.greedy_head import GreedyHead
+
+
+def reference(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (hidden @ weight.T).argmax(dim=-1)
+
+
+@pytest.mark.parametrize("bfloat16", [True, False], ids=["bfloat16", "float32"])
+@pytest.mark.parametrize("num_rows", [1, 7, 8, 9, 64, 130])
+def test_it_picks_what_argmax_picks_over_the_logits(bfloat16: bool, num_rows: int) -> None:
+    generator = torch.Generator().manual_seed(num_rows)
+    # a vocabulary that is no multiple of a panel, a hidden size that is no multiple of a vector
+    weight = torch.randn(1001, 72, generator=generator)
+    if bfloat16:
+        weight = weight.bfloat16().float()
+    head = GreedyHead(weight)
+    assert head.is_bf16 == bfloat16
+    hidden = torch.randn(num_rows, 72, generator=generator)
+    assert head(hidden).tolist() == reference(hidden, weight).tolist()
+
+
+def test_a_tie_goes_to_the_first_index() -> None:
+    weight = torch.randn(300, 16, generator=torch.Generator().manual_seed(0))
+    weight[7] *= 4  # the largest logit under its own direction
+    weight[40] = weight[250] = weight[7]
+    hidden = weight[7:8] / 4
+    assert reference(hidden, weight).tolist() == GreedyHead(weight)(hidden).tolist() == [7]
+
+
+def test_a_nan_is_the_largest_logit_the_first_nan_of_all() -> None:
+    weight = torch.randn(300, 16, generator=torch.Generator().manual_seed(0))
+    weight[290, 3] = weight[295, 3] = float("nan")
+    hidden = torch.randn(2, 16)
+    hidden[1, 0] = float("nan")  # every logit of the row NaN
+    assert reference(hidden, weight).tolist() == GreedyHead(weight)(hidden).tolist() == [290, 0]
+
+
+def test_it_serves_float32_on_cpu() -> None:
+    assert GreedyHead.serves(torch.ones(4, 2))
+    assert not GreedyHead.serves(torch.ones(4, 2, dtype=torch.bfloat16))
+    assert not GreedyHead.serves(torch.ones(4, 2, device="meta"))

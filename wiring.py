@@ -39,7 +39,7 @@ from web.limits import BodySizeLimit, LoginThrottle, RateLimiter
 from web.monitor import Monitor
 from web.starting import StartupError
 from web.telemetry import RequestMetrics, Telemetry
-from web.templating import STATIC_DIR
+from web.templating import STATIC_DIR, assets_router
 
 log = logging.getLogger("clawdbot")
 
@@ -207,5 +207,6 @@ def build_app(settings: Settings) -> FastAPI:
     app.include_router(admin.pages_router)
     app.include_router(admin.api_router)
     app.include_router(metrics.router)
+    app.include_router(assets_router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app

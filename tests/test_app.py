@@ -179,6 +179,27 @@ def test_readyz_is_503_when_the_database_is_unreachable(tmp_path: Path) -> None:
     }
 
 
+def test_with_the_chat_page_off_its_paths_answer_404_and_the_favicon_still_answers(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from settings import Settings
+    from wiring import build_app
+
+    settings = Settings.model_validate(
+        {
+            "storage": {"url": f"sqlite:///{tmp_path / 'bot.db'}"},
+            "engine": {"model": "builtin:tiny-qwen3", "data_dir": str(SHARED_DATA_DIR)},
+            "api": {"chat_page": False},
+        }
+    )
+    with TestClient(build_app(settings), follow_redirects=False) as client:
+        page = client.get("/")
+        assert page.status_code == 404 and "The chat page is off (api.chat_page)." in page.text
+        icon = client.get("/favicon.ico")  # the console's pages link it too
+        assert (icon.status_code, icon.headers["location"]) == (307, "/static/favicon.svg")
+        assert client.get("/static/favicon.svg").status_code == 200
+
+
 def _until_running(app: AppProcess, count: int) -> None:
     deadline = time.monotonic() + 30
     while (

@@ -151,12 +151,6 @@ async def chat_page(
     return page
 
 
-@router.get("/favicon.ico", include_in_schema=False)
-async def favicon() -> RedirectResponse:
-    """Browsers ask for /favicon.ico whatever the page links."""
-    return RedirectResponse("/static/favicon.svg", status_code=status.HTTP_307_TEMPORARY_REDIRECT)
-
-
 @router.get("/login", response_class=HTMLResponse, include_in_schema=False)
 async def login_form(request: Request, settings: SettingsDep) -> Response:
     if not settings.api.key:

@@ -92,13 +92,10 @@ class ModelRunner:
         rows = [(seq, i) for seq in batch.sample_seqs for i in range(1 + len(seq.draft_token_ids))]
         if self.greedy_head is not None and all(seq.params.is_greedy for seq, _ in rows):
             return batch.sample_seqs, self.greedy_head(hidden).tolist()
-        logits = self.model.compute_logits(hidden)
-        params, seeds, steps = (
-            [s.params for s, _ in rows],
-            [s.seed for s, _ in rows],
-            [s.num_output_tokens + i for s, i in rows],
-        )
-        return batch.sample_seqs, sample(logits, params, seeds, steps).tolist()
+        params = [seq.params for seq, _ in rows]
+        seeds = [seq.seed for seq, _ in rows]
+        steps = [seq.num_output_tokens + i for seq, i in rows]
+        return batch.sample_seqs, sample(self.model.compute_logits(hidden), params, seeds, steps).tolist()
 
     def _num_threads_for(self, num_tokens: int) -> int:
         if num_tokens > MEMORY_BOUND_STEP_TOKENS:

@@ -6,7 +6,8 @@ argmax reads them back: on the demo model (151,936 x 128) that is 6.9 ms at 8 ro
 40 (2 cores, AMD EPYC); the fused pass takes 1.6 and 8.7 ms. A step of a few rows is bound by
 reading the LM head, so it is kept in bfloat16 where that holds every value exactly: a bfloat16
 checkpoint run in float32, as transformers runs it, computes the same products from half the bytes
-(78 MB of the demo's LM head become 39 MB, which mostly stay in a 32 MB L3 between steps).
+(78 MB of the demo's LM head become 39 MB). The panels are a copy of the LM head: its float32
+size again, or half of it in bfloat16.
 Logits sum in hidden order, another order than oneDNN's, as oneDNN's is than MKL's: greedy
 outputs still match transformers' token for token (tests/engine/test_parity.py).
 """

@@ -434,13 +434,29 @@ def decode_scaling(path: Path, quick: bool) -> dict[str, float]:
     return tokens_per_s
 
 
+def alternated_decode_steps(
+    engine: LLMEngine, prompts: list[list[int]], attribute: str, values: tuple[object, object]
+) -> tuple[tuple[float, float], bool]:
+    """16 decode steps of `prompts` with the runner's `attribute` at `values[0]`, then at
+    `values[1]`, 3 times over: the median seconds a step with each, and whether both gave the same
+    tokens."""
+    step_s: dict[int, list[float]] = {0: [], 1: []}
+    outputs = {}
+    for variant in (0, 1) * 3:
+        setattr(engine.core.runner, attribute, values[variant])
+        num_steps = len(engine.core.metrics.steps)
+        outputs[variant] = ours(engine, prompts, Decoding(16, stop_at_eos=False))
+        steps = list(engine.core.metrics.steps)[num_steps:]
+        step_s[variant] += [s.duration_s for s in steps if s.num_batched_tokens == s.num_seqs == len(prompts)]
+    return (statistics.median(step_s[0]), statistics.median(step_s[1])), outputs[0] == outputs[1]
+
+
 def decode_attention(path: Path, quick: bool) -> dict:
     """Decode steps of 8 sequences at growing contexts: attention read in place by the paged kernel,
     against the KV gathered into padded buckets for SDPA. One engine, the two alternated 3 times."""
     contexts = (256,) if quick else (256, 1024, 2048)
     engine = build_engine(path)
-    runner = engine.core.runner
-    if not runner.paged_kernel:
+    if not engine.core.runner.paged_kernel:
         print("\ndecode attention: the paged kernel did not build here (no C compiler?): skipped")
         engine.shutdown()
         return {"speedup_by_context": {}, "parity": True}
@@ -452,16 +468,8 @@ def decode_attention(path: Path, quick: bool) -> dict:
         prompts = [random_tokens(generator, context) for _ in range(8)]
         # the prompts in the prefix cache first, so that every run starts its 8 decodes together
         ours(engine, prompts, Decoding(1, stop_at_eos=False))
-        step_s: dict[bool, list[float]] = {True: [], False: []}
-        outputs = {}
-        for kernel in (True, False) * 3:
-            runner.paged_kernel = kernel
-            num_steps = len(engine.core.metrics.steps)
-            outputs[kernel] = ours(engine, prompts, Decoding(16, stop_at_eos=False))
-            steps = list(engine.core.metrics.steps)[num_steps:]
-            step_s[kernel] += [s.duration_s for s in steps if s.num_batched_tokens == s.num_seqs == len(prompts)]
-        parity = parity and outputs[True] == outputs[False]
-        kernel_s, gathered_s = statistics.median(step_s[True]), statistics.median(step_s[False])
+        (kernel_s, gathered_s), same = alternated_decode_steps(engine, prompts, "paged_kernel", (True, False))
+        parity = parity and same
         speedups[str(context)] = round(gathered_s / kernel_s, 2)
         print(f"{context:>10} {kernel_s * 1e3:>10.1f} {gathered_s * 1e3:>10.1f} {gathered_s / kernel_s:>9.2f}x")
     print(f"same tokens either way: {parity}")
@@ -478,8 +486,7 @@ def greedy_head(data_dir: Path, quick: bool) -> dict:
     parity = True
     for model in (DEMO_MODEL, SMOLLM2_MODEL):
         engine = build_engine(model, str(data_dir))
-        runner = engine.core.runner
-        head = runner.greedy_head
+        head = engine.core.runner.greedy_head
         if head is None:
             print("\ngreedy head: the kernel did not build here (no C compiler?): skipped")
             engine.shutdown()
@@ -492,16 +499,8 @@ def greedy_head(data_dir: Path, quick: bool) -> dict:
         for batch in batches:
             prompts = [random_tokens(generator, 128) for _ in range(batch)]
             ours(engine, prompts, Decoding(1, stop_at_eos=False))
-            step_s: dict[bool, list[float]] = {True: [], False: []}
-            outputs = {}
-            for fused in (True, False) * 3:
-                runner.greedy_head = head if fused else None
-                num_steps = len(engine.core.metrics.steps)
-                outputs[fused] = ours(engine, prompts, Decoding(16, stop_at_eos=False))
-                steps = list(engine.core.metrics.steps)[num_steps:]
-                step_s[fused] += [s.duration_s for s in steps if s.num_batched_tokens == s.num_seqs == batch]
-            parity = parity and outputs[True] == outputs[False]
-            fused_s, logits_s = statistics.median(step_s[True]), statistics.median(step_s[False])
+            (fused_s, logits_s), same = alternated_decode_steps(engine, prompts, "greedy_head", (head, None))
+            parity = parity and same
             speedups[model][str(batch)] = round(logits_s / fused_s, 2)
             print(f"{batch:>10} {fused_s * 1e3:>10.1f} {logits_s * 1e3:>10.1f} {logits_s / fused_s:>9.2f}x")
         engine.shutdown()

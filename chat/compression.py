@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import re
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -106,7 +108,9 @@ class Compressor:
         # messages: ~1.8 s on 2 cores). In the default thread pool, the calls waiting for it held
         # its workers, and every turn's database units of work queued behind them (a turn waited
         # 80-240 ms for the session lock of a plan being saved).
-        self._embedding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compression")
+        self._embedding = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="compression", initializer=_at_lowest_cpu_priority
+        )
 
     def needed(self, history: TokenHistory, pending_tokens: int) -> bool:
         return history.num_tokens + pending_tokens > self.settings.max_prompt_tokens
@@ -296,6 +300,12 @@ def _relevance(candidates: Sequence[MessageRecord], question: str, embedder: Emb
     # (multilingual-e5 puts unrelated texts at 0.8), and only the ranking may weigh in.
     spread = float(similarity.max() - similarity.min())
     return (similarity - similarity.min()) / spread if spread > 0 else np.zeros_like(similarity)
+
+
+def _at_lowest_cpu_priority() -> None:
+    """Nice 19 for the calling thread and the embedder's OpenMP workers it starts later, which
+    inherit it: work nobody waits for then takes only the CPU that turns leave."""
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def _relevance_text(record: MessageRecord) -> str:

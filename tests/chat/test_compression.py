@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import threading
+
 from cache.embeddings import CachedEmbedder, Embedder
 from chat.compression import STAND_IN_PREFIX, Compressor, Span, plan_compression
 from chat.history import Role, TokenHistory
@@ -75,3 +78,17 @@ async def test_a_turn_waiting_for_its_compression_judges_relevance_by_shared_wor
     kept = {record.text for record in compression.history.records}
     assert fact in kept and "How do I center a div in CSS?" not in kept
     assert len(cached) == 0
+
+
+async def test_embeddings_no_turn_waits_for_run_at_the_lowest_cpu_priority(
+    engine: LLMEngine, embedder: Embedder
+) -> None:
+    cached = CachedEmbedder(embedder)
+    compressor = compressor_of(engine, cached, max_prompt_tokens=512)
+    history = history_of(("user", "A pasted log: disk full on /var.", 80), ("assistant", "Clean /var/log.", 8))
+    before = set(threading.enumerate())
+    await compressor.prepare(history)
+    assert len(cached) == 2
+    [thread] = [thread for thread in set(threading.enumerate()) - before if thread.name.startswith("compression")]
+    assert thread.native_id is not None and os.getpriority(os.PRIO_PROCESS, thread.native_id) == 19
+    compressor.close()

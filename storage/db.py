@@ -15,6 +15,8 @@ from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from storage.sqlite_writers import QueuedWriterConnection
+
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
@@ -27,9 +29,13 @@ class Database:
         self.url = make_url(url)
         if self.url.get_backend_name() == "sqlite" and self.url.database not in (None, "", ":memory:"):
             Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
-        self.sql_engine: Engine = create_engine(self.url, echo=echo)
         if self.url.get_backend_name() == "sqlite":
-            _install_sqlite_pragmas(self.sql_engine, busy_timeout_ms)
+            # sqlite3's timeout is SQLite's busy timeout; the connections take turns to write
+            connect_args = {"factory": QueuedWriterConnection, "timeout": busy_timeout_ms / 1000}
+            self.sql_engine: Engine = create_engine(self.url, echo=echo, connect_args=connect_args)
+            _install_sqlite_pragmas(self.sql_engine)
+        else:
+            self.sql_engine = create_engine(self.url, echo=echo)
         self._sessionmaker = sessionmaker(self.sql_engine, expire_on_commit=False)
         self.locks = ProcessLocks(self.sql_engine)
 
@@ -115,12 +121,11 @@ class ProcessLocks:
                 raise
 
 
-def _install_sqlite_pragmas(engine: Engine, busy_timeout_ms: int) -> None:
+def _install_sqlite_pragmas(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()

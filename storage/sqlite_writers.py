@@ -91,22 +91,13 @@ class QueuedWriterConnection(sqlite3.Connection):
         return super().cursor(factory or QueuedWriterCursor)
 
     def commit(self) -> None:
-        try:
-            super().commit()
-        finally:
-            self.done_writing()
+        self._ending(super().commit)
 
     def rollback(self) -> None:
-        try:
-            super().rollback()
-        finally:
-            self.done_writing()
+        self._ending(super().rollback)
 
     def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            self.done_writing()
+        self._ending(super().close)
 
     def wait_to_write(self) -> None:
         if self.writing or self.writers is None:
@@ -120,6 +111,13 @@ class QueuedWriterConnection(sqlite3.Connection):
             self.writing = False
             assert self.writers is not None
             self.writers.release()
+
+    def _ending(self, end: Callable[[], None]) -> None:
+        """`end`s the transaction (commit, rollback, close), then gives the turn back."""
+        try:
+            end()
+        finally:
+            self.done_writing()
 
 
 class QueuedWriterCursor(sqlite3.Cursor):

@@ -4,10 +4,10 @@ SQLite lets one connection write at a time. Another that tries meanwhile sleeps 
 handler, 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, then 100 ms between tries, and gets in only if
 the file is free at one of them. Under a stream of turns each committing in a few milliseconds, a
 writer that came first slept through the others' commits: a new session's row waited 346 ms, the
-whole schedule, while two dozen units of work came and went, and its user's first token with it. Here a
-writer waits in a queue instead and is woken the moment the one ahead commits or rolls back. The
-busy timeout bounds that wait as it bounds SQLite's, and SQLite's own handler still covers other
-processes on the same file.
+whole schedule, while two dozen units of work came and went, and its user's first token waited
+with it. Here a writer waits in a queue instead and is woken the moment the one ahead commits or
+rolls back. The busy timeout bounds that wait as it bounds SQLite's, and SQLite's own handler
+still covers other processes on the same file.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import cast
@@ -27,7 +27,16 @@ from chat.session_rows import SessionDetail, SessionPage
 from chat.transcripts import Transcript, transcript_digest
 from engine import ChatFormat
 from settings import ContextSettings
-from storage import Chat, ChatRepository, Database, MessageRepository, SessionQuery, SessionRepository
+from storage import (
+    Chat,
+    ChatRepository,
+    ChatSession,
+    Database,
+    Message,
+    MessageRepository,
+    SessionQuery,
+    SessionRepository,
+)
 
 # Conversations that arrive as whole transcripts (the OpenAI-compatible API): their sessions are
 # found by the transcript's digest.
@@ -56,10 +65,12 @@ class Conversation:
 class SessionState:
     """A session in memory. Everything but `lock`, `closed` and `holders` changes only under `lock`
     (`SessionStore.holding`). `closed`: this is no longer the session's live copy (a reset, the
-    idle job, evicted from memory, or another replica moved the stored session on)."""
+    idle job, evicted from memory, or another replica moved the stored session on). `stored_id`:
+    its row; None until its first turn writes it (a new API conversation's, see `SessionStore.open`)."""
 
-    id: int
+    stored_id: int | None
     key: str
+    conversation: Conversation
     system_prompt: str
     history: TokenHistory
     next_seq: int
@@ -70,6 +81,11 @@ class SessionState:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
     holders: int = 0  # callers of SessionStore.locked() waiting for the lock or holding it
+
+    @property
+    def id(self) -> int:
+        assert self.stored_id is not None, "a session's id is read once its first turn is stored"
+        return self.stored_id
 
     def transcript_digest(self) -> str:
         return transcript_digest(self.system_prompt, self.transcript)
@@ -146,9 +162,14 @@ class SessionStore:
         """The conversation's session if it is in memory, without touching the database."""
         return self._sessions.get(self.key(conversation))
 
-    async def open(self, conversation: Conversation, seed: Transcript | None = None) -> SessionState:
+    async def open(
+        self, conversation: Conversation, seed: Transcript | None = None, *, new: bool = False
+    ) -> SessionState:
         """The conversation's active session, loaded or created. `seed`: the earlier conversation
-        a new session starts from (an API client's transcript)."""
+        a new session starts from (an API client's transcript). `new`: nothing is stored for the
+        conversation (an API request's own, named by a fresh uuid): its session starts in memory and
+        its first turn writes it, with no unit of work before the turn (under load a first turn
+        waited 20 ms for one) and none at all if the turn fails."""
         key = self.key(conversation)
         state = self._sessions.get(key)
         if state is not None and not state.closed:
@@ -156,13 +177,17 @@ class SessionStore:
             return state
         loading = self._loading.get(key)
         if loading is None:
-            loading = self._loading[key] = asyncio.ensure_future(self._load(key, conversation, seed))
+            loading = self._loading[key] = asyncio.ensure_future(self._load(key, conversation, seed, new))
         # Shielded: a caller that gives up (a client gone) does not cancel the others' load.
         return await asyncio.shield(loading)
 
-    async def _load(self, key: str, conversation: Conversation, seed: Transcript | None) -> SessionState:
+    async def _load(self, key: str, conversation: Conversation, seed: Transcript | None, new: bool) -> SessionState:
         try:
-            state = await asyncio.to_thread(self._load_or_create, key, conversation, seed)
+            if new:
+                assert seed is not None, "only an API conversation starts unstored"
+                state = await asyncio.to_thread(self._new_state, key, conversation, seed)
+            else:
+                state = await asyncio.to_thread(self._load_or_create, key, conversation, seed)
             self._sessions[key] = state
             self._evict()
             return state
@@ -175,10 +200,13 @@ class SessionStore:
         eviction), the live one. With `seed` (an API client's conversation before its question):
         the API session whose messages are exactly those if there is one, else a new session for
         `conversation`, seeded from them."""
+        new = seed is not None  # an API request's conversation is its own, unless it continues one
         if seed is not None and seed.messages:  # a first question continues nothing
-            conversation = await self._continued(seed.digest()) or conversation
+            continued = await self._continued(seed.digest())
+            if continued is not None:
+                conversation, new = continued, False
         while True:
-            state = await self.open(conversation, seed)
+            state = await self.open(conversation, seed, new=new)
             state.holders += 1
             try:
                 async with self.holding(state) as current:
@@ -187,7 +215,7 @@ class SessionStore:
                     if seed is not None and state.transcript_digest() != seed.digest():
                         # A request with the same transcript continued the session first: this one
                         # is another branch of the conversation.
-                        conversation = Conversation(API_CHANNEL, uuid.uuid4().hex)
+                        conversation, new = Conversation(API_CHANNEL, uuid.uuid4().hex), True
                         continue
                     yield state
                     if state.by_transcript:
@@ -205,6 +233,10 @@ class SessionStore:
         async with state.lock:
             if state.closed:
                 yield False
+                return
+            if state.stored_id is None:
+                # Nothing stored to be behind, and no other replica knows the conversation yet.
+                yield True
                 return
             # On SQLite every lock is free: no thread hop to learn it (the default pool may be busy).
             shared = self.db.locks.shared
@@ -304,7 +336,8 @@ class SessionStore:
     async def reset(self, conversation: Conversation) -> None:
         """Close the current session (its history stays in the database); the next turn starts anew."""
         async with self.locked(conversation) as state:
-            await asyncio.to_thread(self._close, state.id)
+            if state.stored_id is not None:
+                await asyncio.to_thread(self._close, state.stored_id)
             state.closed = True
 
     async def set_system_prompt(self, conversation: Conversation, system_prompt: str | None) -> None:
@@ -379,48 +412,99 @@ class SessionStore:
 
     def _load_or_create_once(self, key: str, conversation: Conversation, seed: Transcript | None) -> SessionState:
         with self.db.session() as session:
-            chat = ChatRepository(session).get_or_create(
-                conversation.chat_id, channel=conversation.channel, chat_type=conversation.chat_type
-            )
-            sessions = SessionRepository(session)
-            row = sessions.active(key)
-            if row is None:
-                if seed is not None:
-                    system_prompt = seed.system_prompt
-                else:
-                    instructions = self.settings.system_prompt if chat.system_prompt is None else chat.system_prompt
-                    system_prompt = with_persona(Persona.of(chat), instructions)
-                    if (with_tools := self.tools_prompt.get(conversation.channel)) is not None:
-                        system_prompt = with_tools(system_prompt)
-                row = sessions.create(key, chat_id=chat.id, system_prompt=system_prompt)
-                if seed is not None:
-                    self._write_seed(MessageRepository(session), row.id, seed)
-                    row.transcript_digest = seed.digest()
-            messages = MessageRepository(session).of_session(row.id)
-            history = TokenHistory()
-            system_prompt = row.system_prompt or ""
-            opening = self.chat_format.system(system_prompt)
-            if opening:
-                history.append("system", opening, text=system_prompt, turn_index=-1, seq=-1)
-            for message in session_rows.context_of(row, messages):
-                history.append(
-                    cast(Role, message.role),  # what was stored is what a history held
-                    message.token_ids,
-                    text=message.text,
-                    turn_index=message.turn_index,
-                    seq=message.seq,
+            row = SessionRepository(session).active(key)
+            if row is not None:
+                return self._loaded(row, conversation, MessageRepository(session).of_session(row.id))
+            if seed is None:
+                chat = ChatRepository(session).get_or_create(
+                    conversation.chat_id, channel=conversation.channel, chat_type=conversation.chat_type
                 )
-            return SessionState(
-                id=row.id,
-                key=key,
-                system_prompt=row.system_prompt or "",
-                history=history,
-                next_seq=max((message.seq for message in messages), default=-1) + 1,
-                next_turn=max((message.turn_index for message in messages), default=-1) + 1,
-                compressions=row.compressions,
-                transcript=[(m.role, m.text) for m in messages if m.role in ("user", "assistant")],
-                by_transcript=conversation.channel == API_CHANNEL,
+                instructions = self.settings.system_prompt if chat.system_prompt is None else chat.system_prompt
+                system_prompt = with_persona(Persona.of(chat), instructions)
+                if (with_tools := self.tools_prompt.get(conversation.channel)) is not None:
+                    system_prompt = with_tools(system_prompt)
+                seed = Transcript(system_prompt, ())
+            state = self._new_state(key, conversation, seed)
+            state.stored_id = self._insert(session, state)
+            return state
+
+    def _loaded(self, row: ChatSession, conversation: Conversation, messages: Sequence[Message]) -> SessionState:
+        history = self._opening(row.system_prompt or "")
+        for message in session_rows.context_of(row, messages):
+            history.append(
+                cast(Role, message.role),  # what was stored is what a history held
+                message.token_ids,
+                text=message.text,
+                turn_index=message.turn_index,
+                seq=message.seq,
             )
+        return SessionState(
+            stored_id=row.id,
+            key=row.key,
+            conversation=conversation,
+            system_prompt=row.system_prompt or "",
+            history=history,
+            next_seq=max((message.seq for message in messages), default=-1) + 1,
+            next_turn=max((message.turn_index for message in messages), default=-1) + 1,
+            compressions=row.compressions,
+            transcript=[(m.role, m.text) for m in messages if m.role in ("user", "assistant")],
+            by_transcript=conversation.channel == API_CHANNEL,
+        )
+
+    def _new_state(self, key: str, conversation: Conversation, seed: Transcript) -> SessionState:
+        """A new session, not yet stored: the seed's messages framed as if it had lived them."""
+        history = self._opening(seed.system_prompt)
+        transcript: list[tuple[str, str]] = []
+        for seq, message in enumerate(seed.messages):
+            role, text = cast(Role, message.role), message.content.strip()  # framed: user or assistant
+            if role == "user":
+                ids = self.chat_format.message("user", text)
+            else:
+                ids = self.chat_format.reply(self.chat_format.encode(text))
+            history.append(role, ids, text=text, turn_index=seq // 2, seq=seq)
+            transcript.append((role, text))
+        return SessionState(
+            stored_id=None,
+            key=key,
+            conversation=conversation,
+            system_prompt=seed.system_prompt,
+            history=history,
+            next_seq=len(seed.messages),
+            next_turn=(len(seed.messages) + 1) // 2,
+            compressions=0,
+            transcript=transcript,
+            by_transcript=conversation.channel == API_CHANNEL,
+        )
+
+    def _opening(self, system_prompt: str) -> TokenHistory:
+        history = TokenHistory()
+        opening = self.chat_format.system(system_prompt)
+        if opening:
+            history.append("system", opening, text=system_prompt, turn_index=-1, seq=-1)
+        return history
+
+    def _insert(self, session: Session, state: SessionState) -> int:
+        """Write a session that lived in memory so far: its chat, its row, its messages."""
+        conversation = state.conversation
+        chat = ChatRepository(session).get_or_create(
+            conversation.chat_id, channel=conversation.channel, chat_type=conversation.chat_type
+        )
+        row = SessionRepository(session).create(state.key, chat_id=chat.id, system_prompt=state.system_prompt)
+        if state.by_transcript:
+            row.transcript_digest = state.transcript_digest()
+        messages = MessageRepository(session)
+        history = state.history
+        for record in history.records:
+            if record.role != "system":
+                messages.add(
+                    row.id,
+                    seq=record.seq,
+                    turn_index=record.turn_index,
+                    role=record.role,
+                    text=record.text,
+                    token_ids=history.ids_of(record),
+                )
+        return row.id
 
     def _behind_the_database(self, state: SessionState) -> bool:
         """Whether the stored session moved on without this copy: closed (a reset, the idle job),
@@ -429,16 +513,6 @@ class SessionStore:
         that is not behind is exact."""
         with self.db.session() as session:
             return SessionRepository(session).progress(state.id) != ("active", state.next_seq, state.compressions)
-
-    def _write_seed(self, messages: MessageRepository, session_id: int, seed: Transcript) -> None:
-        """The earlier messages of a transcript, framed as if this session had lived them."""
-        for seq, message in enumerate(seed.messages):
-            text = message.content.strip()
-            if message.role == "user":
-                ids = self.chat_format.message("user", text)
-            else:
-                ids = self.chat_format.reply(self.chat_format.encode(text))
-            messages.add(session_id, seq=seq, turn_index=seq // 2, role=message.role, text=text, token_ids=ids)
 
     def _write_turn(
         self,
@@ -450,19 +524,21 @@ class SessionStore:
         transcript_digest: str | None,
     ) -> None:
         with self.db.session() as session:
+            session_id = state.stored_id if state.stored_id is not None else self._insert(session, state)
             if compression is not None:
-                _write_context(session, state.id, compression, compressed=True)
+                _write_context(session, session_id, compression, compressed=True)
             messages = MessageRepository(session)
             for offset, (role, (text, ids)) in enumerate((("user", question), ("assistant", answer))):
                 messages.add(
-                    state.id, seq=user_seq + offset, turn_index=state.next_turn, role=role, text=text, token_ids=ids
+                    session_id, seq=user_seq + offset, turn_index=state.next_turn, role=role, text=text, token_ids=ids
                 )
             sessions = SessionRepository(session)
-            sessions.touch(state.id)
+            sessions.touch(session_id)
             if transcript_digest is not None:
-                row = sessions.get(state.id)
+                row = sessions.get(session_id)
                 assert row is not None
                 row.transcript_digest = transcript_digest
+        state.stored_id = session_id  # committed
 
     def _write_context_alone(self, state: SessionState, compression: Compression, compressed: bool) -> None:
         with self.db.session() as session:

@@ -17,7 +17,7 @@ from chat.compression import STAND_IN_PREFIX
 from chat.reply import Reply
 from chat.summarizer import SUMMARY_PREFIX
 from engine import SamplingParams, StreamDelta
-from storage import Database, Message, MessageRepository, SessionRepository
+from storage import Chat, Database, Message, MessageRepository, SessionRepository
 from tests.chat.chat_support import GREEDY, ManagerFactory, ask, session_of, small_context
 
 pytestmark = pytest.mark.both_databases  # every test here runs on SQLite and on PostgreSQL
@@ -111,15 +111,26 @@ FAILING_REPLY_INSERT = {
 }
 
 
+@contextmanager
+def replies_failing(db: Database) -> Iterator[None]:
+    """While this lasts, a turn writes its user message, then the insert of its reply fails."""
+    backend = db.url.get_backend_name()
+    with db.sql_engine.begin() as connection:
+        for statement in FAILING_REPLY_INSERT[backend]:
+            connection.execute(sql(statement))
+    try:
+        yield
+    finally:
+        with db.sql_engine.begin() as connection:
+            connection.execute(sql("DROP TRIGGER fail_reply" + (" ON messages" if backend == "postgresql" else "")))
+
+
 async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers: ManagerFactory, db: Database) -> None:
     manager = await managers()
     await ask(manager, ALICE, "first question")
     state = session_of(manager, ALICE)
     before = state.history.token_ids.tolist()
-    with db.sql_engine.begin() as connection:  # the user message is written, then the reply's insert fails
-        for statement in FAILING_REPLY_INSERT[db.url.get_backend_name()]:
-            connection.execute(sql(statement))
-    with pytest.raises(Exception, match="disk full"):
+    with replies_failing(db), pytest.raises(Exception, match="disk full"):
         await ask(manager, ALICE, "second question")
 
     with db.session() as session:
@@ -127,10 +138,6 @@ async def test_a_database_failure_mid_turn_leaves_no_half_written_turn(managers:
         assert session.query(Message).count() == 2
     assert state.history.token_ids.tolist() == before
 
-    with db.sql_engine.begin() as connection:
-        connection.execute(
-            sql("DROP TRIGGER fail_reply" + (" ON messages" if db.url.get_backend_name() == "postgresql" else ""))
-        )
     result = await ask(manager, ALICE, "second question")
     assert result.session_id == state.id
     assert state.next_turn == 2
@@ -572,6 +579,35 @@ async def test_a_transcript_resent_after_a_restart_continues_its_session(
         branch = next(result.session_id for result in both if result.session_id != first.session_id)
         texts = [m.text for m in MessageRepository(session).of_session(branch)]
     assert texts[:5] == [m.content for m in again]
+
+
+async def test_a_new_api_conversation_is_written_by_its_first_turn_alone(
+    managers: ManagerFactory, db: Database
+) -> None:
+    """Nothing is written before the turn (its reply starts while another client holds the
+    database), and nothing at all if it fails: the chat, the session and the messages it was
+    seeded with are written in the turn's own transaction."""
+    manager = await managers()
+    question = ChatMessage("user", "What is Rust?")
+    turn = manager.turn_for_transcript(Transcript("Be brief.", (question,)))
+    pieces = aiter(turn)
+    with new_chats_blocked(db):
+        await asyncio.wait_for(anext(pieces), timeout=30)  # 30 s: a bound for a broken build
+        assert stored_counts(db) == (0, 0)
+    _ = [piece async for piece in pieces]
+    assert turn.result is not None and stored_counts(db) == (1, 2)
+
+    seeded = Transcript(
+        "Be brief.", (question, ChatMessage("assistant", "A metal oxide."), ChatMessage("user", "Why?"))
+    )
+    with replies_failing(db), pytest.raises(Exception, match="disk full"):
+        await manager.turn_for_transcript(seeded).collect()
+    with db.session() as session:
+        assert session.query(Chat).count() == 1 and stored_counts(db) == (1, 2)
+    result = await manager.turn_for_transcript(seeded).collect()
+    with db.session() as session:
+        texts = [m.text for m in MessageRepository(session).of_session(result.session_id)]
+    assert texts == ["What is Rust?", "A metal oxide.", "Why?", result.reply]
 
 
 async def test_clients_with_the_same_transcript_each_continue_their_own_session_at_once(

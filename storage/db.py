@@ -27,15 +27,14 @@ MIGRATION_LOCKS = 0
 class Database:
     def __init__(self, url: str, *, busy_timeout_ms: int = 5000, echo: bool = False) -> None:
         self.url = make_url(url)
-        if self.url.get_backend_name() == "sqlite" and self.url.database not in (None, "", ":memory:"):
+        sqlite = self.url.get_backend_name() == "sqlite"
+        if sqlite and self.url.database not in (None, "", ":memory:"):
             Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
-        if self.url.get_backend_name() == "sqlite":
-            # sqlite3's timeout is SQLite's busy timeout; the connections take turns to write
-            connect_args = {"factory": QueuedWriterConnection, "timeout": busy_timeout_ms / 1000}
-            self.sql_engine: Engine = create_engine(self.url, echo=echo, connect_args=connect_args)
+        # sqlite3's timeout is SQLite's busy timeout; the connections take turns to write
+        connect_args = {"factory": QueuedWriterConnection, "timeout": busy_timeout_ms / 1000} if sqlite else {}
+        self.sql_engine: Engine = create_engine(self.url, echo=echo, connect_args=connect_args)
+        if sqlite:
             _install_sqlite_pragmas(self.sql_engine)
-        else:
-            self.sql_engine = create_engine(self.url, echo=echo)
         self._sessionmaker = sessionmaker(self.sql_engine, expire_on_commit=False)
         self.locks = ProcessLocks(self.sql_engine)
 

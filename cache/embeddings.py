@@ -202,6 +202,12 @@ class BatchingEmbedder:
             self._worker = asyncio.create_task(self._run())
         return await caller
 
+    def is_embedding(self, text: str) -> bool:
+        """Whether `text` is in the forward running now or queued with a caller still waiting for
+        it: a caller who joins it adds no work."""
+        wanted = self._wanted.get(text)
+        return text in self._embedding or (wanted is not None and bool(wanted.waiting()))
+
     def _num_urgent_waiting(self) -> int:
         return sum(wanted.urgent for wanted in self._wanted.values())
 

@@ -359,6 +359,47 @@ async def test_a_long_message_is_found_by_its_exact_words_and_never_embedded(emb
     assert cache.figures().embedded_texts == before.embedded_texts
 
 
+ASKED, REWORDED = "北京明天天气怎么样", "明天北京的天气怎么样？"
+
+
+def num_embedded(embedder: Counting) -> int:
+    return sum(len(texts) for texts in embedder.asked)
+
+
+async def test_a_merge_check_compares_the_vectors_of_the_lookups_and_embeds_none(
+    embedder: Embedder, clock: Clock
+) -> None:
+    counting = Counting(embedder)
+    cache = make_cache(counting, clock)
+    await cache.store(SHARED, "What is Docker?", "d")  # the scope holds vectors: a lookup embeds
+    before = num_embedded(counting)
+    # a question its lookup did not embed (its budget ran out) is not compared
+    assert await cache.paraphrase(SHARED, REWORDED, [ASKED]) is None
+    assert await cache.lookup(SHARED, ASKED) is None
+    assert await cache.paraphrase(SHARED, REWORDED, [ASKED]) is None
+    assert num_embedded(counting) == before + 1
+    assert await cache.lookup(SHARED, REWORDED) is None
+    assert await cache.paraphrase(SHARED, REWORDED, [ASKED]) == ASKED
+    assert num_embedded(counting) == before + 2  # each question once, by its lookup
+
+
+async def test_a_first_question_with_nothing_to_compare_is_embedded_ahead_of_its_store(
+    embedder: Embedder, clock: Clock
+) -> None:
+    gate = threading.Event()
+    counting = Counting(embedder, gate)
+    cache = make_cache(counting, clock)
+    # a new scope: the lookup misses without waiting for its question's forward, held at the gate
+    assert await asyncio.wait_for(cache.lookup(SHARED, ASKED), timeout=10) is None
+    assert await asyncio.to_thread(counting.entered.wait, 10)
+    assert await asyncio.wait_for(cache.lookup(SHARED, REWORDED), timeout=10) is None
+    checking = asyncio.create_task(cache.paraphrase(SHARED, REWORDED, [ASKED]))
+    gate.set()
+    assert await checking == ASKED  # it joined the embeddings under way
+    await cache.store(SHARED, ASKED, "晴。")
+    assert num_embedded(counting) == 2
+
+
 async def test_replicas_follow_what_the_others_store_replace_and_delete(
     embedder: Embedder, clock: Clock, db: Database
 ) -> None:

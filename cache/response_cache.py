@@ -215,8 +215,8 @@ class ResponseCache:
         generation. It embeds nothing: it compares the vectors the questions' lookups left, or
         joins their embedding under way; a question whose lookup could not embed it (its budget ran
         out) is not compared. Embedding them here took the embedder from the lookups: on the peer
-        workload, 134 embeddings for 44 first questions, 27 of whose lookups gave up, and a check
-        took 46 ms at p50."""
+        workload, 134 requests to the embedder for 44 first questions, 27 of whose lookups gave
+        up, and a check took 46 ms at p50."""
         # a question with PII is never merged (its answer may hold the PII), a long one never by meaning
         others = [other for other in others if not contains_pii(other) and embedded_text(other) is not None]
         if not self.settings.enabled or contains_pii(question) or embedded_text(question) is None or not others:

@@ -295,12 +295,17 @@ class Merging(TypedDict):
 
 async def paraphrase_merges(embedder: Embedder, config: CacheSettings, pairs: list[LabelledPair]) -> list[bool]:
     """Whether each pair's second question joins the first's generation: the decision the
-    ChatManager takes (`ResponseCache.paraphrase`), each pair in a scope of its own."""
+    ChatManager takes after both questions' lookups (`ResponseCache.paraphrase`), each pair in a
+    scope of its own."""
     cache = ResponseCache(config.model_copy(update={"lookup_budget_ms": 60_000}), embedder)  # what, not how fast
-    return [
-        await cache.paraphrase(scope_key("bench", f"pair {n}"), pair.question_b, [pair.question_a]) is not None
-        for n, pair in enumerate(pairs)
-    ]
+    merges = []
+    for n, pair in enumerate(pairs):
+        scope = scope_key("bench", f"pair {n}")
+        for question in (pair.question_a, pair.question_b):
+            await cache.lookup(scope, question)
+        merges.append(await cache.paraphrase(scope, pair.question_b, [pair.question_a]) is not None)
+    await cache.close()
+    return merges
 
 
 def merging(embedder: Embedder, config: CacheSettings, pairs: list[LabelledPair]) -> Merging:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import threading
 import time
@@ -142,7 +141,8 @@ class ResponseCache:
         self._pending: OrderedDict[str, np.ndarray] = OrderedDict()
         self._unsaved_hits: list[tuple[int, float]] = []
         self._hit_saver: asyncio.Task[None] | None = None
-        self._embedding_ahead: set[asyncio.Task[np.ndarray]] = set()
+        # each until its vector is in `_pending`: a check finds a question's vector in one or the other
+        self._embedding_ahead: dict[str, asyncio.Task[None]] = {}
         self._counts: Counter[str] = Counter()
         # The highest stored id this replica has read (`load`, `sync`): rows past it are new.
         self._synced_through = 0
@@ -177,11 +177,11 @@ class ResponseCache:
                 while_embedding()
             # the budget is the whole lookup's: the L1 pass may have waited (a busy loop, a writer)
             vector = await self._embedding_in_budget(text, self._budget_s - (time.perf_counter() - started))
-        elif hit is None and scope.shared and text is not None:
-            self._embed_ahead(key, text)
+        elif hit is None and scope.shared and text is not None and key not in self._embedding_ahead:
+            self._embedding_ahead[key] = asyncio.create_task(self._embed_ahead(key, text))
         if vector is not None:
-            candidates = await self._in_lookups(self._nearest, scope.key, vector, now, max_tokens)
             self._remember(key, vector)
+            candidates = await self._in_lookups(self._nearest, scope.key, vector, now, max_tokens)
             hit = await self._same_question(question, candidates)
             if hit is not None:
                 await self._in_lookups(self._used, hit.entry_id, now)
@@ -234,9 +234,10 @@ class ResponseCache:
 
     async def close(self) -> None:
         """Saves the hits not saved yet and drops the embeddings ahead of stores (at shutdown)."""
-        for embedding in self._embedding_ahead:
+        embeddings = list(self._embedding_ahead.values())
+        for embedding in embeddings:
             embedding.cancel()
-        await asyncio.gather(*self._embedding_ahead, return_exceptions=True)
+        await asyncio.gather(*embeddings, return_exceptions=True)
         if self._hit_saver is not None:
             await self._hit_saver
 
@@ -253,28 +254,31 @@ class ResponseCache:
         return None
 
     async def _vector(self, question: str, key: str) -> np.ndarray | None:
-        """`question`'s vector if its lookup left one or the embedder is computing it now (joined:
-        no more work), else None."""
+        """`question`'s vector if its lookup left one or it is being embedded now (joined: no
+        more work), else None."""
         vector = self._pending.get(key)
         text = embedded_text(question)
-        if vector is None and text is not None and self._embeddings.is_embedding(text):
+        if vector is not None or text is None:
+            return vector
+        if (ahead := self._embedding_ahead.get(key)) is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(ahead), self._budget_s)
+            return self._pending.get(key)
+        if self._embeddings.is_embedding(text):
             vector = await self._embedding_in_budget(text, self._budget_s)
             if vector is not None:
                 self._remember(key, vector)
         return vector
 
-    def _embed_ahead(self, key: str, text: str) -> None:
+    async def _embed_ahead(self, key: str, text: str) -> None:
         """Embeds a first question its lookup had no vector to compare with, in the background:
         its store embeds it anyway, and a paraphrase asked meanwhile compares with it. An error
         is left to the store, which then embeds it again."""
-        embedding = asyncio.create_task(self._embeddings.embed(text, urgent=False))
-        self._embedding_ahead.add(embedding)
-        embedding.add_done_callback(functools.partial(self._embedded_ahead, key))
-
-    def _embedded_ahead(self, key: str, embedding: asyncio.Task[np.ndarray]) -> None:
-        self._embedding_ahead.discard(embedding)
-        if not embedding.cancelled() and embedding.exception() is None:
-            self._remember(key, embedding.result())
+        try:
+            with contextlib.suppress(Exception):
+                self._remember(key, await self._embeddings.embed(text, urgent=False))
+        finally:
+            del self._embedding_ahead[key]
 
     async def _same_question(self, question: str, candidates: list[tuple[CacheHit, str]]) -> CacheHit | None:
         """The first candidate that asks what `question` asks."""

@@ -8,7 +8,8 @@ from transformers import PreTrainedTokenizerBase
 
 from engine import LLMEngine, RequestOutput, SamplingParams, StreamDelta
 from engine.metrics import RequestFigures
-from tests.engine.conftest import Checkpoint
+from engine.model_runner import SMALL_LAYER_BYTES
+from tests.engine.conftest import PARITY_CONFIGS, Checkpoint, save_checkpoint, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -204,18 +205,53 @@ def test_figures_expose_the_engine(engine: LLMEngine) -> None:
     assert figures.dtype == "float32" and figures.is_demo_model is False
 
 
-def test_a_step_of_a_few_tokens_leaves_a_core_to_the_app(engine: LLMEngine) -> None:
-    steps: list[tuple[int, int]] = []  # (tokens computed, threads computing them)
-    hook = engine.core.runner.model.register_forward_pre_hook(
-        lambda _, args: steps.append((len(args[0]), torch.get_num_threads()))
+def threads_of_each_step(engine: LLMEngine, prompt_length: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Four greedy steps: (tokens, threads) of each step's layers, and the threads of its LM head."""
+    runner = engine.core.runner
+    layers: list[tuple[int, int]] = []
+    heads: list[int] = []
+    greedy_head = runner.greedy_head
+    assert greedy_head is not None
+
+    def counted(hidden: torch.Tensor) -> torch.Tensor:
+        heads.append(torch.get_num_threads())
+        return greedy_head(hidden)
+
+    hook = runner.model.register_forward_pre_hook(
+        lambda _, args: layers.append((len(args[0]), torch.get_num_threads()))
     )
+    runner.greedy_head = counted  # type: ignore[assignment]
     try:
-        engine.generate([prompt_of(40, seed=13)], SamplingParams(max_tokens=4, ignore_eos=True))
+        prompt = prompt_of(prompt_length, seed=13)
+        engine.generate([prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     finally:
         hook.remove()
-    threads = engine.core.runner.num_threads
-    assert threads == torch.get_num_threads()
-    assert steps == [(40, threads)] + [(1, max(1, threads - 1))] * 3
+        runner.greedy_head = greedy_head
+    return layers, heads
+
+
+def test_a_small_models_layers_run_on_one_thread_and_its_lm_head_on_all(engine: LLMEngine) -> None:
+    runner = engine.core.runner
+    assert runner.layer_bytes <= SMALL_LAYER_BYTES and runner.num_threads == torch.get_num_threads()
+    layers, heads = threads_of_each_step(engine, 40)
+    assert layers == [(40, 1)] + [(1, 1)] * 3
+    assert heads == [runner.num_threads] * 4
+
+
+@pytest.fixture(scope="module")
+def wide_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    """One layer of 8.9 MB: past SMALL_LAYER_BYTES, as a real model's are."""
+    config = PARITY_CONFIGS["gqa4-untied-hd32"] | dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=1)
+    return save_checkpoint(tmp_path_factory.mktemp("wide"), tiny_model(**config))
+
+
+def test_a_step_of_a_few_tokens_leaves_a_core_to_the_app(wide_checkpoint: Checkpoint) -> None:
+    with LLMEngine.from_pretrained(str(wide_checkpoint.path), kv_cache_tokens=1024) as engine:
+        runner = engine.core.runner
+        assert runner.layer_bytes > SMALL_LAYER_BYTES
+        layers, heads = threads_of_each_step(engine, 40)
+    assert layers == [(40, runner.num_threads)] + [(1, max(1, runner.num_threads - 1))] * 3
+    assert heads == [runner.num_threads] * 4
 
 
 def test_a_request_before_start_is_refused(small_checkpoint: Checkpoint) -> None:

@@ -44,6 +44,7 @@ class DecodeRows:
     block_tables: torch.Tensor  # the decoding sequences' block tables, one after another
     table_starts: torch.Tensor  # [rows]: where the row's sequence's table starts in `block_tables`
     context_lens: torch.Tensor  # [rows]: the keys the row sees, its own included
+    num_threads: int  # the kernel's, whatever the layers' (model_runner.py)
 
 
 @dataclass
@@ -90,7 +91,7 @@ def paged_attention(
     if meta.decode_rows is not None:
         rows = meta.decode_rows
         paged_kernel.decode_attention(
-            q, out, k_cache, v_cache, rows.block_tables, rows.table_starts, rows.context_lens, scale
+            q, out, k_cache, v_cache, rows.block_tables, rows.table_starts, rows.context_lens, scale, rows.num_threads
         )
     for bucket in meta.decode_buckets:
         # The query heads sharing a KV head, at each of the sequence's positions, become that KV

@@ -28,9 +28,11 @@ def decode_attention(
     table_starts: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    num_threads: int,
 ) -> None:
     """Writes rows [0, len(context_lens)) of `out` [tokens, heads, head_dim], from the same rows of
-    `q`: row r reads the block table at `block_tables[table_starts[r]]`, up to `context_lens[r]` keys."""
+    `q`: row r reads the block table at `block_tables[table_starts[r]]`, up to `context_lens[r]` keys,
+    on `num_threads` OpenMP threads."""
     library = kernels.library()
     assert library is not None
     assert q.dtype == out.dtype == k_cache.dtype == v_cache.dtype == torch.float32
@@ -51,4 +53,5 @@ def decode_attention(
         head_dim,
         block_size,
         scale,
+        num_threads,
     )

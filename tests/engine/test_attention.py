@@ -2,6 +2,7 @@
 gathering it for SDPA), against attention computed over each sequence's own keys and values laid
 out in order."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -17,44 +18,66 @@ from engine.kv_pool import cdiv
 from engine.sequence import Sequence
 from tests.engine.conftest import Checkpoint
 
-BLOCK = 4
-
 
 @pytest.mark.parametrize("paged_kernel", [True, False], ids=["kernel", "buckets"])
-def test_decode_attention_serves_drafts_of_every_length(small_checkpoint: Checkpoint, paged_kernel: bool) -> None:
-    engine = LLMEngine.from_pretrained(str(small_checkpoint.path), block_size=BLOCK, kv_cache_tokens=64 * BLOCK)
+# the kernel's shapes built with constant sizes (head_dim 32, 64, 128 in blocks of 16), and another
+@pytest.mark.parametrize(("block_size", "head_dim"), [(4, 8), (16, 32), (16, 64), (16, 128)])
+def test_decode_attention_serves_drafts_of_every_length(
+    small_checkpoint: Checkpoint, paged_kernel: bool, block_size: int, head_dim: int
+) -> None:
+    engine = LLMEngine.from_pretrained(
+        str(small_checkpoint.path), block_size=block_size, kv_cache_tokens=64 * block_size
+    )
     runner = engine.core.runner
     assert runner.paged_kernel, "the kernel builds on CPU in float32"
     runner.paged_kernel = paged_kernel
     gen = torch.Generator().manual_seed(0)
-    num_blocks, num_kv_heads, head_dim = runner.num_blocks, 2, 8
+    num_blocks, num_kv_heads = runner.num_blocks, 2
     num_heads = num_kv_heads * runner.num_queries_per_kv
-    k_cache, v_cache = (torch.randn(num_blocks, BLOCK, num_kv_heads, head_dim, generator=gen) for _ in range(2))
+    k_cache, v_cache = (torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=gen) for _ in range(2))
     blocks = iter(torch.randperm(num_blocks, generator=gen).tolist())
     # (tokens computed before, draft tokens): no draft, a short one and a long one, all in 3 blocks
     seqs = []
-    for i, (num_computed, num_draft) in enumerate([(2 * BLOCK + 1, 3), (2 * BLOCK + 3, 0), (2 * BLOCK + 2, 1)]):
+    for i, (num_computed, num_draft) in enumerate(
+        [(2 * block_size + 1, 3), (2 * block_size + 3, 0), (2 * block_size + 2, 1)]
+    ):
         seq = Sequence(str(i), np.arange(num_computed + 1, dtype=np.int32), SamplingParams(), 0, i, 0)
         seq.num_computed_tokens = num_computed
         seq.draft_token_ids = [0] * num_draft
-        seq.block_table = [next(blocks) for _ in range(cdiv(num_computed + 1 + num_draft, BLOCK))]
+        seq.block_table = [next(blocks) for _ in range(cdiv(num_computed + 1 + num_draft, block_size))]
         seqs.append(seq)
 
     batch = runner.prepare([(seq, 1 + len(seq.draft_token_ids)) for seq in seqs])
     if paged_kernel:
         assert batch.meta.decode_rows is not None and batch.meta.decode_buckets == []
-        assert batch.meta.decode_rows.context_lens.tolist() == [10, 11, 12, 13, 12, 11, 12]
+        assert batch.meta.decode_rows.context_lens.tolist() == [2 * block_size + n for n in (2, 3, 4, 5, 4, 3, 4)]
     else:
         assert batch.meta.decode_rows is None
         assert [(bucket.start, bucket.end, bucket.num_queries) for bucket in batch.meta.decode_buckets] == [(0, 7, 4)]
     q = torch.randn(len(batch.input_ids), num_heads, head_dim, generator=gen)
     unused = torch.empty(len(batch.input_ids), num_kv_heads, head_dim)
-    out = paged_attention(q, unused, unused, k_cache, v_cache, batch.meta, scale=head_dim**-0.5)
+    metas = [batch.meta]
+    if batch.meta.decode_rows is not None:  # the kernel's sequences shared among every thread too
+        every_thread = dataclasses.replace(batch.meta.decode_rows, num_threads=runner.num_threads)
+        metas.append(dataclasses.replace(batch.meta, decode_rows=every_thread))
+    for meta in metas:
+        out = paged_attention(q, unused, unused, k_cache, v_cache, meta, scale=head_dim**-0.5)
+        assert_attends_causally(out, q, batch.sample_seqs, k_cache, v_cache)
 
+
+def assert_attends_causally(
+    out: torch.Tensor, q: torch.Tensor, seqs: list[Sequence], k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> None:
+    """`out` is plain causal attention over each sequence's keys and values in position order."""
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    num_heads = q.shape[1]
     row = 0
-    for seq in batch.sample_seqs:
+    for seq in seqs:
         # the sequence's keys and values in position order, then plain causal attention
-        slots = [seq.block_table[p // BLOCK] * BLOCK + p % BLOCK for p in range(len(seq.block_table) * BLOCK)]
+        slots = [
+            seq.block_table[p // block_size] * block_size + p % block_size
+            for p in range(len(seq.block_table) * block_size)
+        ]
         keys, values = (
             cache.view(-1, num_kv_heads, head_dim)[slots].repeat_interleave(num_heads // num_kv_heads, 1)
             for cache in (k_cache, v_cache)

@@ -4,6 +4,7 @@ these tests), with the real embedder's similarity, and the training CLI that mad
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +136,14 @@ def test_opposites_and_directions() -> None:
     )
 
 
+# The embedder's similarities differ in their fourth or fifth decimal from one CPU to another, and
+# the fitted weights follow them: similarities perturbed by 3e-4 moved the coefficients by 0.003, the
+# word weights by 0.018 and the cut-off by 0.0014, and an Intel CPU's moved the coefficients by 0.007
+# from the AMD one's that trained them. A change to the training moves them further: C 3 -> 2.7
+# moved the word weights by 0.19, one pair fewer by 0.66 and the cut-off by 0.04.
+ACROSS_CPUS = {"mean": 1e-3, "scale": 1e-3, "coefficients": 0.015, "words": 0.08, "intercept": 0.015, "cutoff": 0.005}
+
+
 def test_training_reproduces_the_shipped_weights(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     weights = tmp_path / "weights.json"
     assert main(["train-verifier", *map(str, TRAINING_FILES), "--split", "all", "--weights", str(weights)]) == 0
@@ -142,11 +151,21 @@ def test_training_reproduces_the_shipped_weights(tmp_path: Path, capsys: pytest.
     [(name, trained)] = json.loads(weights.read_text(encoding="utf-8")).items()
     shipped = json.loads(WEIGHTS_PATH.read_text(encoding="utf-8"))[name]
     assert trained["features"] == shipped["features"] and trained["words"].keys() == shipped["words"].keys()
-    for key in ("mean", "scale", "coefficients"):
-        np.testing.assert_allclose(trained[key], shipped[key], atol=1e-4)
-    np.testing.assert_allclose(list(trained["words"].values()), list(shipped["words"].values()), atol=1e-4)
-    assert trained["cutoff"] == pytest.approx(shipped["cutoff"], abs=1e-3)
-    assert trained["trained_on"] == shipped["trained_on"]
+    for key in ("mean", "scale", "coefficients", "intercept", "cutoff"):
+        np.testing.assert_allclose(trained[key], shipped[key], rtol=0, atol=ACROSS_CPUS[key], err_msg=key)
+    np.testing.assert_allclose(
+        list(trained["words"].values()), list(shipped["words"].values()), rtol=0, atol=ACROSS_CPUS["words"]
+    )
+    described, _, figures = trained["trained_on"].partition("; ")
+    assert described == shipped["trained_on"].partition("; ")[0]  # the same files, split and pair counts
+    np.testing.assert_allclose(out_of_fold(figures), out_of_fold(shipped["trained_on"]), rtol=0, atol=0.01)
+
+
+def out_of_fold(trained_on: str) -> list[float]:
+    """The out-of-fold precision and recall that `trained_on` reports."""
+    match = re.search(r"precision ([0-9.]+), recall ([0-9.]+)", trained_on)
+    assert match, trained_on
+    return [float(match[1]), float(match[2])]
 
 
 def test_weights_of_other_features_or_an_unknown_embedder_are_refused(tmp_path: Path) -> None:

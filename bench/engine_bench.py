@@ -4,6 +4,7 @@ real SmolLM2-135M-Instruct.
     python bench/engine_bench.py            # full run (several minutes on a laptop CPU)
     python bench/engine_bench.py --quick    # fewer, shorter prompts: a smoke test
     python bench/engine_bench.py --data-dir DIR   # SmolLM2 from DIR/models, fetched there once (default: data)
+    python bench/engine_bench.py --device cuda --no-smollm2   # on the GPU (bf16), the seeded Qwen3 alone
     OMP_NUM_THREADS=1 python bench/engine_bench.py   # every thread of every variant on one core
 
 (OMP_NUM_THREADS rather than torch.set_num_threads: transformers' generate_batch() runs its loop
@@ -21,7 +22,10 @@ sequences on the demo model and on SmolLM2, the LM head and the pick in one pass
 logits and argmax. SmolLM2: (a), (b) and (c) again on 16 chat
 prompts framed by the model's own chat template with the app's default system prompt, 8 questions
 alone and 8 after pasted documentation (Python's own module docstrings, cut to 256-1024 tokens); at
-most 64 new tokens, each reply ending at the model's end of turn as in the app. The last line is JSON.
+most 64 new tokens, each reply ending at the model's end of turn as in the app. Every variant runs
+where `--device` and `--dtype` put the engine (as engine.device and engine.dtype: CUDA in bfloat16
+where present, else CPU in float32); the paged kernel and the greedy head are CPU kernels, their
+sections skipped elsewhere. The last line is JSON.
 """
 
 import argparse
@@ -37,7 +41,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import torch
 from transformers import GenerationConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
@@ -47,6 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine import ChatFormat, EngineConfig, LLMEngine, SamplingParams
 from engine.builtin_models import DEMO_MODEL, SMOLLM2_MODEL, ModelFetchError, ensure_smollm2
+from engine.config import Device, DType
+from engine.weights import resolve_device, resolve_dtype
 from settings.sections import ContextSettings
 
 T = TypeVar("T")
@@ -136,6 +142,36 @@ class Decoding:
             # never used: prompts run one at a time, or packed without padding by generate_batch()
             pad_token_id=0,
         )
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where every variant runs: our engine's device and dtype, and transformers' model moved there."""
+
+    device: torch.device
+    dtype: torch.dtype
+
+    @classmethod
+    def resolve(cls, device: Device, dtype: DType) -> "Placement":
+        resolved = resolve_device(device)
+        return cls(resolved, resolve_dtype(dtype, resolved))
+
+    def __str__(self) -> str:
+        return f"{str(self.dtype).removeprefix('torch.')} on {self.device.type}"
+
+    def engine_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = dict(device=self.device.type, dtype=str(self.dtype).removeprefix("torch."))
+        if self.device.type == "cuda":
+            # The pool takes gpu_memory_fraction of the card less what is in use: this fraction
+            # leaves it 2 GiB (~500k tokens here), however many engines are alive at once.
+            free, total = torch.cuda.mem_get_info(self.device)
+            options["gpu_memory_fraction"] = min(1.0, (total - free + 2 * 2**30) / total)
+        return options
+
+    def hf_model(self, model: CausalLM) -> CausalLM:
+        """`model`, moved here in place (transformers types its own `to` too narrowly for mypy)."""
+        torch.nn.Module.to(model, self.device, self.dtype)
+        return model
 
 
 @dataclass(frozen=True)
@@ -233,7 +269,7 @@ def hf_sequential(model: CausalLM, prompts: list[list[int]], decoding: Decoding)
     outputs = []
     with torch.inference_mode():
         for prompt in prompts:
-            input_ids = torch.tensor([prompt])
+            input_ids = torch.tensor([prompt], device=model.device)
             generated = model.generate(
                 input_ids, attention_mask=torch.ones_like(input_ids), generation_config=decoding.hf_config(model)
             )
@@ -245,7 +281,7 @@ def hf_prefill(model: CausalLM, prompts: list[list[int]]) -> None:
     """The prompts' forward passes alone: the part of (a) that batching cannot shorten."""
     with torch.inference_mode():
         for prompt in prompts:
-            model(torch.tensor([prompt]), logits_to_keep=1)
+            model(torch.tensor([prompt], device=model.device), logits_to_keep=1)
 
 
 def hf_generate_batch(model: CausalLM, prompts: list[list[int]], decoding: Decoding) -> list[list[int]]:
@@ -285,6 +321,7 @@ def multiturn_last_ttft(engine: LLMEngine, work: Workload, seed: int) -> tuple[f
 
 def build_engine(
     model: str | Path,
+    placement: Placement,
     data_dir: str = EngineConfig.data_dir,
     prefix_caching: bool = True,
     num_speculative_tokens: int = 0,
@@ -292,6 +329,7 @@ def build_engine(
     """One token a step unless `num_speculative_tokens`: (a), (b) and (c) do the same work."""
     engine = LLMEngine.from_pretrained(
         str(model),
+        **placement.engine_options(),
         data_dir=data_dir,
         block_size=BLOCK_SIZE,
         kv_cache_tokens=KV_CACHE_TOKENS,
@@ -375,17 +413,20 @@ def throughput(
     return result
 
 
-def smollm2_throughput(data_dir: Path, work: Workload, profile: bool) -> Throughput:
+def smollm2_throughput(data_dir: Path, work: Workload, placement: Placement, profile: bool) -> Throughput:
     try:
         folder = ensure_smollm2(data_dir)
     except ModelFetchError as error:
         sys.exit(f"error: {error}")
-    hf_model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    hf_model = placement.hf_model(LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32).eval())
     print(
         f"\nmodel: {SMOLLM2_MODEL} ({folder}), {sum(p.numel() for p in hf_model.parameters()) / 1e6:.1f}M "
-        "parameters, Llama, hidden 576, 30 layers, 9 query / 3 KV heads, fp32 on CPU"
+        f"parameters, Llama, hidden 576, 30 layers, 9 query / 3 KV heads, {placement}"
     )
-    engines = build_engine(SMOLLM2_MODEL, str(data_dir)), build_engine(SMOLLM2_MODEL, str(data_dir), True, 4)
+    engines = (
+        build_engine(SMOLLM2_MODEL, placement, str(data_dir)),
+        build_engine(SMOLLM2_MODEL, placement, str(data_dir), True, 4),
+    )
     chat_format = engines[0].chat_format()
     prompts = chat_prompts(chat_format, work)
     result = throughput(engines, hf_model, prompts, Decoding(work.new_tokens, stop_at_eos=True), profile)
@@ -395,7 +436,7 @@ def smollm2_throughput(data_dir: Path, work: Workload, profile: bool) -> Through
     return result
 
 
-def multiturn(path: Path, work: Workload) -> dict:
+def multiturn(path: Path, work: Workload, placement: Placement) -> dict:
     last_prompt = work.first_turn + (work.turns - 1) * (work.reply_tokens + work.user_tokens)
     print(
         f"\nmulti-turn: {work.sessions} sessions x {work.turns} turns, {work.user_tokens}-token user messages, "
@@ -403,7 +444,7 @@ def multiturn(path: Path, work: Workload) -> dict:
     )
     ttfts, replies, hit_rates = {}, {}, {}
     for caching in (True, False):
-        engine = build_engine(path, prefix_caching=caching)
+        engine = build_engine(path, placement, prefix_caching=caching)
         ttfts[caching], replies[caching] = multiturn_last_ttft(engine, work, seed=2)
         hit_rates[caching] = engine.figures().kv_cache.prefix_hit_rate
         engine.shutdown()
@@ -415,10 +456,10 @@ def multiturn(path: Path, work: Workload) -> dict:
     return result
 
 
-def decode_scaling(path: Path, quick: bool) -> dict[str, float]:
+def decode_scaling(path: Path, quick: bool, placement: Placement) -> dict[str, float]:
     """Decode steps alone, for batches of 1 to 64 sequences of 128-token prompts."""
     batches = (1, 4) if quick else (1, 4, 16, 64)
-    engine = build_engine(path)
+    engine = build_engine(path, placement)
     generator = torch.Generator().manual_seed(5)
     print("\ndecode scaling: 128-token prompts, 32 new tokens each")
     print(f"{'sequences':>10} {'ms a step':>10} {'tokens/s':>10}")
@@ -451,13 +492,15 @@ def alternated_decode_steps(
     return (statistics.median(step_s[0]), statistics.median(step_s[1])), outputs[0] == outputs[1]
 
 
-def decode_attention(path: Path, quick: bool) -> dict:
+def decode_attention(path: Path, quick: bool, placement: Placement) -> dict:
     """Decode steps of 8 sequences at growing contexts: attention read in place by the paged kernel,
     against the KV gathered into padded buckets for SDPA. One engine, the two alternated 3 times."""
     contexts = (256,) if quick else (256, 1024, 2048)
-    engine = build_engine(path)
+    engine = build_engine(path, placement)
     if not engine.core.runner.paged_kernel:
-        print("\ndecode attention: the paged kernel did not build here (no C compiler?): skipped")
+        print(
+            f"\ndecode attention: the paged kernel serves float32 on CPU, built by a C compiler; {placement}: skipped"
+        )
         engine.shutdown()
         return {"speedup_by_context": {}, "parity": True}
     generator = torch.Generator().manual_seed(6)
@@ -477,18 +520,21 @@ def decode_attention(path: Path, quick: bool) -> dict:
     return {"speedup_by_context": speedups, "parity": parity}
 
 
-def greedy_head(data_dir: Path, quick: bool) -> dict:
+def greedy_head(data_dir: Path, quick: bool, placement: Placement, models: tuple[str, ...]) -> dict:
     """Decode steps of 1 to 32 sequences, one token each: the LM head and the greedy pick in one
     pass (greedy_head.c) against oneDNN's logits and argmax, on the demo model (its LM head
     bfloat16 in the checkpoint) and on SmolLM2 (float32). One engine each, the two alternated 3 times."""
     batches = (8,) if quick else (1, 8, 32)
+    if placement.device.type != "cpu":
+        print(f"\ngreedy head: a CPU kernel; {placement}: skipped")
+        return {"speedup_by_batch": {}, "parity": True}
     speedups: dict[str, dict[str, float]] = {}
     parity = True
-    for model in (DEMO_MODEL, SMOLLM2_MODEL):
-        engine = build_engine(model, str(data_dir))
+    for model in models:
+        engine = build_engine(model, placement, str(data_dir))
         head = engine.core.runner.greedy_head
         if head is None:
-            print("\ngreedy head: the kernel did not build here (no C compiler?): skipped")
+            print(f"\ngreedy head: the kernel serves float32 on CPU, built by a C compiler; {placement}: skipped")
             engine.shutdown()
             return {"speedup_by_batch": {}, "parity": True}
         generator = torch.Generator().manual_seed(7)
@@ -518,26 +564,31 @@ def main() -> None:
         default=Path(EngineConfig.data_dir),
         help=f"engine.data_dir (default {EngineConfig.data_dir}): SmolLM2 is fetched into its models/ folder once",
     )
+    parser.add_argument("--device", default=EngineConfig.device, choices=get_args(Device), help="as engine.device")
+    parser.add_argument("--dtype", default=EngineConfig.dtype, choices=get_args(DType), help="as engine.dtype")
+    parser.add_argument("--no-smollm2", action="store_true", help="the seeded Qwen3 alone: no SmolLM2 sections")
     args = parser.parse_args()
+    placement = Placement.resolve(args.device, args.dtype)
     logging.basicConfig(level=logging.ERROR)
     torch.set_grad_enabled(False)
     work = QUICK if args.quick else FULL
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench-qwen3"
-        hf_model = make_checkpoint(path)
+        hf_model = placement.hf_model(make_checkpoint(path))
         print(
             f"model: seeded Qwen3, {sum(p.numel() for p in hf_model.parameters()) / 1e6:.1f}M parameters, hidden 512, "
-            f"8 layers, 8 query / 2 KV heads, fp32 on CPU, {torch.get_num_threads()} threads"
+            f"8 layers, 8 query / 2 KV heads, {placement}, {torch.get_num_threads()} CPU threads"
         )
         decoding = Decoding(work.new_tokens, stop_at_eos=False)
-        engines = build_engine(path), build_engine(path, num_speculative_tokens=4)
+        engines = build_engine(path, placement), build_engine(path, placement, num_speculative_tokens=4)
         speed = throughput(engines, hf_model, random_prompts(work), decoding, args.profile)
-        turns = multiturn(path, work)
-        decode = decode_scaling(path, args.quick)
-        attention = decode_attention(path, args.quick)
-    smollm2 = smollm2_throughput(args.data_dir, work, args.profile)
-    head = greedy_head(args.data_dir, args.quick)
-    summary = {
+        turns = multiturn(path, work, placement)
+        decode = decode_scaling(path, args.quick, placement)
+        attention = decode_attention(path, args.quick, placement)
+    models = (DEMO_MODEL,) if args.no_smollm2 else (DEMO_MODEL, SMOLLM2_MODEL)
+    head = greedy_head(args.data_dir, args.quick, placement, models)
+    summary: dict[str, Any] = {
+        "placement": str(placement),
         "throughput_vs_hf_sequential": round(speed.vs_sequential, 2),
         "throughput_vs_hf_generate_batch": round(speed.vs_batch, 2),
         "speculation_speedup": round(speed.speculation_speedup, 2),
@@ -548,12 +599,16 @@ def main() -> None:
         "decode_attention_parity": attention["parity"],
         "greedy_head_speedup_by_batch": head["speedup_by_batch"],
         "greedy_head_parity": head["parity"],
-        "smollm2_throughput_vs_hf_sequential": round(smollm2.vs_sequential, 2),
-        "smollm2_throughput_vs_hf_generate_batch": round(smollm2.vs_batch, 2),
-        "smollm2_speculation_speedup": round(smollm2.speculation_speedup, 2),
-        "smollm2_tokens_per_s": smollm2.tokens_per_s(),
-        "smollm2_parity": smollm2.parity,
     }
+    if not args.no_smollm2:
+        smollm2 = smollm2_throughput(args.data_dir, work, placement, args.profile)
+        summary |= {
+            "smollm2_throughput_vs_hf_sequential": round(smollm2.vs_sequential, 2),
+            "smollm2_throughput_vs_hf_generate_batch": round(smollm2.vs_batch, 2),
+            "smollm2_speculation_speedup": round(smollm2.speculation_speedup, 2),
+            "smollm2_tokens_per_s": smollm2.tokens_per_s(),
+            "smollm2_parity": smollm2.parity,
+        }
     print(json.dumps(summary))
 
 

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from numpy.typing import NDArray
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import paged_kernel
 from .attention import AttentionMetadata, DecodeBucket, DecodeRows, PrefillSpan
@@ -37,6 +38,10 @@ SMALL_LAYER_STEP_TOKENS = 512
 # demo's heads (3.4 M) take 0.38 ms on two threads against 0.52 on one, at 300 (1.5 M) 0.20 against
 # 0.23; SmolLM2's heads for 8 sequences at 100 tokens (0.4 M), 0.08 against 0.05 (Intel Xeon).
 PARALLEL_DECODE_ATTENTION_ELEMENTS = 2**21
+# cuDNN's attention, which PyTorch picks first for bfloat16 on Hopper, plans anew for every shape,
+# and every step brings new lengths: on an H200 (torch 2.11) it took 1.7 ms of CPU a call, 77% of
+# the engine's time in engine_bench. The others take any shape as it comes.
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 @dataclass
@@ -102,7 +107,8 @@ class ModelRunner:
         sampled at their last token and at each of their draft tokens, in order."""
         batch = self.prepare(scheduled)
         torch.set_num_threads(self._layer_threads(len(batch.input_ids)))
-        hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_cache)[batch.logits_indices]
+        with sdpa_kernel(SDPA_BACKENDS):
+            hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_cache)[batch.logits_indices]
         # The LM head is a small model's largest matrix (the demo's 151,936 x 128) and every row
         # multiplies all of it: on every thread, 1.6 against 8.0 ms for 8 rows of the demo.
         torch.set_num_threads(self.num_threads)

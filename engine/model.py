@@ -26,12 +26,13 @@ class RMSNorm(nn.Module):
 # level): on this machine's 2-core EPYC, oneDNN computes SmolLM2's projections at 8 rows in 21 ms
 # against 36 ms, at 200 rows in 122 against 270, and its LM head at 8 rows in 4.7 against 13 ms.
 # Both sum in float32, in another order, and greedy outputs still match transformers' token for
-# token (tests/engine/test_parity.py).
+# token (tests/engine/test_parity.py). Float32 only: oneDNN has no bfloat16 inner product on a CPU
+# without AVX512-BF16 ("could not create a primitive descriptor" on that EPYC).
 _ONEDNN = torch.backends.mkldnn.is_available()
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if _ONEDNN and x.is_cpu:
+    if _ONEDNN and x.is_cpu and x.dtype == torch.float32:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 

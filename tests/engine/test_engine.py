@@ -254,6 +254,16 @@ def test_a_step_of_a_few_tokens_leaves_a_core_to_the_app(wide_checkpoint: Checkp
     assert heads == [runner.num_threads] * 4
 
 
+def test_an_engine_in_bfloat16_runs_on_cpu(small_checkpoint: Checkpoint) -> None:
+    """bfloat16, CUDA's default dtype, on CPU: the projections leave oneDNN, which has no bfloat16
+    inner product without AVX512-BF16. (No parity: transformers' own batched and one-at-a-time
+    generation differ in bfloat16.)"""
+    with LLMEngine.from_pretrained(str(small_checkpoint.path), dtype="bfloat16", kv_cache_tokens=1024) as engine:
+        assert engine.core.runner.kv_cache.dtype == torch.bfloat16
+        outputs = engine.generate([prompt_of(n, seed=n) for n in (5, 40, 130)], SamplingParams(max_tokens=8))
+    assert [(len(o.token_ids), o.finish_reason) for o in outputs] == [(8, "length")] * 3
+
+
 def test_a_request_before_start_is_refused(small_checkpoint: Checkpoint) -> None:
     engine = LLMEngine.from_pretrained(str(small_checkpoint.path), kv_cache_tokens=256)
     with pytest.raises(RuntimeError, match="not started"):

@@ -44,3 +44,25 @@ def test_it_serves_float32_on_cpu() -> None:
     assert GreedyHead.serves(torch.ones(4, 2))
     assert not GreedyHead.serves(torch.ones(4, 2, dtype=torch.bfloat16))
     assert not GreedyHead.serves(torch.ones(4, 2, device="meta"))
+
+
+@pytest.mark.parametrize("num_threads", [1, 2, 3])
+def test_ties_and_nans_across_the_runs_the_threads_take(num_threads: int) -> None:
+    # 40,000 ids are dozens of the threads' runs of panels, taken in whatever order they come
+    generator = torch.Generator().manual_seed(num_threads)
+    tied = torch.randn(40_000, 8, generator=generator)
+    tied[[30_000, 9_000, 21_000]] = 4 * tied[5]
+    with_nans = tied.clone()
+    with_nans[[35_000, 12_345], 3] = float("nan")
+    hidden = torch.randn(4, 8, generator=generator)
+    hidden[0] = tied[5]
+    hidden[1, 0] = float("nan")
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        picks = [GreedyHead(weight)(hidden).tolist() for weight in (tied, with_nans)]
+    finally:
+        torch.set_num_threads(threads_before)
+    assert picks == [reference(hidden, weight).tolist() for weight in (tied, with_nans)]
+    # a tie of three runs far apart; a row of NaN logits; NaN logits among numbers
+    assert [picks[0][0], picks[0][1], picks[1][0]] == [9_000, 0, 12_345]

@@ -250,6 +250,7 @@ class LLMEngine:
                 logger.exception("engine step failed; the requests in flight end with finish_reason 'error'")
                 self._finish_all("error")
         self._finish_all("abort")
+        self.core.runner.release()
 
     def _on_tokens(self, request: Request, token_ids: list[int]) -> None:
         seq = request.seq

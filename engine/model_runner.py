@@ -90,6 +90,9 @@ class ModelRunner:
         if self.device.type != "cuda":
             return cdiv(config.kv_cache_tokens, config.block_size)
         free, total = torch.cuda.mem_get_info(self.device)
+        # blocks PyTorch's allocator holds but no tensor uses (an earlier engine's pool, freed) are
+        # ours to take, though the driver counts them as used
+        free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
         arch, itemsize = self.model.arch, self.dtype.itemsize
         q_size = arch.num_heads * arch.head_dim
         per_token = 4 * arch.hidden_size + 3 * arch.intermediate_size + 2 * q_size
@@ -119,6 +122,11 @@ class ModelRunner:
         seeds = [seq.seed for seq, _ in rows]
         steps = [seq.num_output_tokens + i for seq, i in rows]
         return batch.sample_seqs, sample(self.model.compute_logits(hidden), params, seeds, steps).tolist()
+
+    def release(self) -> None:
+        """Gives the KV pool's memory back (the engine has stopped): on a GPU, to the next engine
+        in the process, which sizes its pool from what is free."""
+        self.kv_cache = self.kv_cache.new_empty(0)
 
     def _layer_threads(self, num_tokens: int) -> int:
         if self.layer_bytes <= SMALL_LAYER_BYTES and num_tokens <= SMALL_LAYER_STEP_TOKENS:

@@ -1,3 +1,4 @@
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -105,9 +106,17 @@ class Checkpoint:
     path: Path
     hf_model: CausalLM
 
+    def on(self, device: str) -> "Checkpoint":
+        """The reference on `device` (a copy: the session's checkpoints stay on the CPU)."""
+        if device == "cpu":
+            return self
+        model = copy.deepcopy(self.hf_model)
+        torch.nn.Module.to(model, device)  # in place (transformers' typed wrapper of it trips mypy)
+        return Checkpoint(self.path, model)
+
     def greedy(self, prompt: list[int], max_new_tokens: int) -> list[int]:
         """transformers' own greedy generate(), one prompt at a time: the reference."""
-        input_ids = torch.tensor([prompt])
+        input_ids = torch.tensor([prompt], device=self.hf_model.device)
         with torch.inference_mode():
             output = self.hf_model.generate(
                 input_ids,

@@ -281,3 +281,11 @@ def test_shutdown_aborts_requests_in_flight(small_checkpoint: Checkpoint) -> Non
     assert collector.wait(1)[request_id].finish_reason in ("abort", "length")
     with pytest.raises(RuntimeError, match="shut down"):
         engine.add_request(prompt_of(10), SamplingParams())
+
+
+def test_a_stopped_engine_gives_its_kv_pool_back(small_checkpoint: Checkpoint) -> None:
+    """On a GPU the next engine in the process sizes its pool from the memory left free."""
+    with LLMEngine.from_pretrained(str(small_checkpoint.path), kv_cache_tokens=1024) as engine:
+        engine.generate([prompt_of(10)], SamplingParams(max_tokens=4))
+        assert engine.core.runner.kv_cache.numel() > 0
+    assert engine.core.runner.kv_cache.numel() == 0

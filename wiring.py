@@ -27,7 +27,8 @@ from chat import ChatManager, SessionStore
 from chat.compression import Compressor
 from chat.merging import RequestMerger
 from chat.summarizer import Summarizer
-from engine import LLMEngine, StreamDelta
+from engine import StreamDelta
+from engine.engine_process import EngineProcess
 from engine.interface import Engine
 from engine.remote import RemoteEngine, RemoteEngineError
 from settings import Settings
@@ -62,7 +63,7 @@ def where_to_find(settings: Settings) -> str:
 
 def build_engine(settings: Settings) -> Engine:
     if settings.engine.backend == "local":
-        return LLMEngine(settings.engine.local())
+        return EngineProcess(settings.engine.local())
     try:
         return RemoteEngine(settings.engine.remote())
     except RemoteEngineError as exc:  # its message says it all: one line, no traceback

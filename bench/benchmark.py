@@ -221,10 +221,12 @@ def _tail(path: Path, chars: int = 3000) -> str:
 
 
 def peak_rss_mb(pid: int) -> float:
-    """The process's high-water mark of resident memory (Linux)."""
+    """The high-water mark of resident memory of the process and of its children (the app's
+    engine process), summed: an upper bound where they peak at different times (Linux)."""
     status = Path(f"/proc/{pid}/status").read_text()
     kilobytes = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
-    return int(kilobytes) / 1024
+    children = (Path(f"/proc/{pid}/task/{tid}/children").read_text().split() for tid in os.listdir(f"/proc/{pid}/task"))
+    return int(kilobytes) / 1024 + sum(peak_rss_mb(int(child)) for listed in children for child in listed)
 
 
 def free_port() -> int:

@@ -1,5 +1,6 @@
-"""What the app asks of an engine: `LLMEngine` runs the model in this process, `RemoteEngine`
-sends the same token ids to a model server (vLLM, SGLang, or another Clawdbot) over HTTP."""
+"""What the app asks of an engine: `LLMEngine` runs the model in this process, `EngineProcess` in
+a process of its own (the app's choice), `RemoteEngine` sends the same token ids to a model server
+(vLLM, SGLang, or another Clawdbot) over HTTP."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncGenerator, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Self
 
@@ -15,13 +13,14 @@ from .metrics import EngineFigures, RequestFigures
 from .outputs import FinishReason, RequestOutput, StreamDelta
 from .request import InputProcessor, OutputCallback, Request
 from .sampling_params import SamplingParams
+from .streams import CallbackEngine
 from .token_ids import PromptIds
 from .weights import build_model, resolve_device, resolve_dtype
 
 logger = logging.getLogger(__name__)
 
 
-class LLMEngine:
+class LLMEngine(CallbackEngine):
     """Serves requests to a Qwen3 or Llama model from one background thread that drives the EngineCore.
 
     `add_request`, `abort`, `stream` and `generate` may be called from any thread; they validate
@@ -83,75 +82,11 @@ class LLMEngine:
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
 
-    def add_request(
-        self,
-        prompt_token_ids: PromptIds,
-        params: SamplingParams | None = None,
-        request_id: str | None = None,
-        *,
-        priority: int | None = None,
-        callback: OutputCallback | None = None,
-    ) -> str:
-        """Queues one request; `callback(delta, output)` runs on the engine thread for every
-        increment, with the RequestOutput on the last one."""
-        request = self._make_request(prompt_token_ids, params, request_id, priority, callback)
-        self._enqueue([request])
-        return request.seq.request_id
-
     def abort(self, request_id: str) -> None:
         with self._lock:
             if request_id in self._live:
                 self._aborted.add(request_id)
                 self._lock.notify()
-
-    def generate(
-        self, prompt_token_ids: Sequence[PromptIds], params: SamplingParams | list[SamplingParams] | None = None
-    ) -> list[RequestOutput]:
-        """Runs the prompts together and blocks until all are done; outputs in prompt order."""
-        params_list = params if isinstance(params, list) else [params] * len(prompt_token_ids)
-        if len(params_list) != len(prompt_token_ids):
-            raise ValueError(f"{len(params_list)} SamplingParams for {len(prompt_token_ids)} prompts")
-        futures: list[Future[RequestOutput]] = [Future() for _ in prompt_token_ids]
-        requests = [
-            self._make_request(prompt, p, None, None, _resolve_on_finish(future))
-            for prompt, p, future in zip(prompt_token_ids, params_list, futures, strict=True)
-        ]
-        self._enqueue(requests)
-        try:
-            return [future.result() for future in futures]
-        finally:
-            for request in requests:
-                self.abort(request.seq.request_id)
-
-    def stream(
-        self,
-        prompt_token_ids: PromptIds,
-        params: SamplingParams | None = None,
-        request_id: str | None = None,
-        priority: int | None = None,
-    ) -> AsyncGenerator[StreamDelta]:
-        """Yields StreamDeltas as tokens arrive; closing or cancelling the consumer aborts the
-        request. Bad input raises ValueError here, before the first iteration."""
-        request = self._make_request(prompt_token_ids, params, request_id, priority, None)
-        return self._stream(request)
-
-    async def _stream(self, request: Request) -> AsyncGenerator[StreamDelta]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[StreamDelta] = asyncio.Queue()
-
-        def deliver(delta: StreamDelta, output: RequestOutput | None) -> None:  # on the engine thread
-            loop.call_soon_threadsafe(queue.put_nowait, delta)
-
-        request.callback = deliver
-        self._enqueue([request])
-        try:
-            while True:
-                delta = await queue.get()
-                yield delta
-                if delta.finished:
-                    return
-        finally:
-            self.abort(request.seq.request_id)
 
     @property
     def num_waiting_requests(self) -> int:
@@ -314,11 +249,3 @@ class LLMEngine:
         except Exception:
             logger.exception("output callback of request %s failed; aborting it", request.seq.request_id)
             self._finish(request, "abort")
-
-
-def _resolve_on_finish(future: Future[RequestOutput]) -> OutputCallback:
-    def callback(delta: StreamDelta, output: RequestOutput | None) -> None:
-        if output is not None:
-            future.set_result(output)
-
-    return callback

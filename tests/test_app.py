@@ -243,6 +243,7 @@ def test_shutdown_does_not_wait_for_an_engine_step_that_will_not_end(tmp_path: P
 
     from engine import SamplingParams
     from settings import Settings
+    from tests.engine.test_engine import Collector
     from wiring import ENGINE_STOP_TIMEOUT_S, build_app
 
     settings = Settings.model_validate(
@@ -252,19 +253,13 @@ def test_shutdown_does_not_wait_for_an_engine_step_that_will_not_end(tmp_path: P
         }
     )
     app = build_app(settings)
-    in_step, release = threading.Event(), threading.Event()
-
-    def slow_output(*_: object) -> None:  # runs on the engine thread, inside its step: a step that takes long
-        in_step.set()
-        release.wait(60)
-
     engine = app.state.chat_manager.engine
-    try:
-        with TestClient(app):
-            engine.add_request([1, 2, 3], SamplingParams(max_tokens=4), callback=slow_output)
-            assert in_step.wait(30)
-            started = time.monotonic()
-        assert time.monotonic() - started < ENGINE_STOP_TIMEOUT_S + 3
-        assert not engine.is_running()
-    finally:
-        release.set()
+    collector = Collector()
+    with TestClient(app):
+        request_id = engine.add_request([1, 2, 3], SamplingParams(max_tokens=2000, ignore_eos=True), callback=collector)
+        os.kill(engine.pid, signal.SIGSTOP)  # the engine's process, mid-step: a step that will not end
+        started = time.monotonic()
+    assert time.monotonic() - started < ENGINE_STOP_TIMEOUT_S + 3
+    assert not engine.is_running()
+    assert collector.wait(1)[request_id].finish_reason == "abort"
+    assert not os.path.exists(f"/proc/{engine.pid}/status")  # killed, not left stopped

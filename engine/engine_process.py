@@ -1,0 +1,426 @@
+"""EngineProcess: an LLMEngine in a process of its own, behind the same interface. The app runs this.
+
+torch lets go of the GIL around every op, and a step of a small model is a few hundred short ops:
+sharing a process with the app, the engine waits at each of them for the event loop (SSE framing,
+JSON, the turn pipeline) to hand the GIL back. Among 8 streams a step that prefilled a turn of the
+demo model took 21 ms in the app and 10 ms alone; its layers took 13.5 ms beside a Python thread
+busy half the time, 5.9 ms beside a process as busy (Intel Xeon, 2 cores). vLLM runs its engine
+core in a process of its own for the same reason.
+
+Requests cross a pipe to the process, which feeds them to its LLMEngine; each delta comes back the
+same way and is handed to its callback on this side's reader thread. Prompts are checked here
+first, so bad input raises ValueError at once, as with LLMEngine. The process's log records are
+handled by this process's logging. If the process dies, the requests in flight end with
+finish_reason "error" and `is_running()` turns False.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import itertools
+import logging
+import logging.handlers
+import multiprocessing
+import pickle
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Self
+
+from .chat_format import ChatFormat
+from .checkpoints import load_tokenizer
+from .config import EngineConfig
+from .metrics import EngineFigures
+from .outputs import FinishReason, RequestOutput, StreamDelta
+from .request import InputProcessor, OutputCallback, Request
+from .sampling_params import SamplingParams
+from .streams import CallbackEngine
+from .token_ids import PromptIds
+
+logger = logging.getLogger(__name__)
+
+# The process answers between two of its engine's ops, a millisecond or so: longer means it is
+# stuck or gone, and the last figures it sent are the best there are.
+FIGURES_TIMEOUT_S = 2.0
+# What the process needs past the engine's own shutdown timeout to say it has stopped and exit
+# (it answers at once); a process still there by then is killed.
+EXIT_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    """What the process tells about its engine once the model is loaded."""
+
+    model_name: str
+    is_demo_model: bool
+    num_parameters: int | None
+    max_model_len: int
+    max_num_seqs: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    tokenizer_path: str
+    figures: EngineFigures
+
+
+class EngineProcess(CallbackEngine):
+    """Loads the model in a new process (blocking until it is loaded, or raising what loading
+    raised) and serves requests from it once started.
+
+    `_send_lock` orders what goes to the process: a request is registered and sent under it, so
+    its abort can never overtake it. `_lock` guards the requests in flight and the figures asked
+    for; the reader thread takes only `_lock`, so a send stuck on a full pipe never stops it from
+    draining the other way.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        context = multiprocessing.get_context("spawn")  # a fork would copy the app's threads' locks
+        self._conn, child_conn = context.Pipe()
+        self._process = context.Process(
+            target=_serve,
+            args=(config, child_conn, logging.getLogger().getEffectiveLevel()),
+            name="llm-engine",
+            daemon=True,
+        )
+        self._process.start()
+        child_conn.close()
+        loaded = self._receive_loaded()
+        logger.info("the engine runs in process %d", self._process.pid)
+        self.model_name = loaded.model_name
+        self.is_demo_model = loaded.is_demo_model
+        self.num_parameters = loaded.num_parameters
+        self.max_model_len = loaded.max_model_len
+        self.max_num_seqs = loaded.max_num_seqs
+        self.tokenizer = load_tokenizer(Path(loaded.tokenizer_path))
+        self.inputs = InputProcessor(self.tokenizer, loaded.vocab_size, loaded.max_model_len)
+        self._eos_token_ids = loaded.eos_token_ids
+        self._last_figures = loaded.figures
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._live: dict[str, OutputCallback | None] = {}
+        self._waiting: set[str] = set()  # in flight, no token yet
+        self._figures_asked: dict[int, Future[EngineFigures]] = {}
+        self._figures_tokens = itertools.count()
+        self._started = self._stopped = False
+        self._stopped_in_time = False
+        self._reader = threading.Thread(target=self._read, name="llm-engine-output", daemon=True)
+        self._reader.start()
+
+    @classmethod
+    def from_pretrained(cls, model: str = EngineConfig.model, **options: Any) -> Self:
+        return cls(EngineConfig(model=model, **options))
+
+    def chat_format(self, *, enable_thinking: bool = False) -> ChatFormat:
+        return ChatFormat.for_tokenizer(
+            self.tokenizer, enable_thinking=enable_thinking, eos_token_ids=self._eos_token_ids
+        )
+
+    def start(self) -> Self:
+        """Starts taking requests; they are refused before."""
+        self._started = True
+        return self
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def abort(self, request_id: str) -> None:
+        with self._send_lock:
+            with self._lock:
+                if request_id not in self._live or self._stopped:
+                    return
+            self._send(("abort", request_id))
+
+    @property
+    def num_waiting_requests(self) -> int:
+        """Requests sent that have no token yet: queued in the process, or prefilling."""
+        with self._lock:
+            return len(self._waiting)
+
+    def figures(self) -> EngineFigures:
+        """The process's figures now; the last it sent where it cannot answer (stopped, stuck)."""
+        reply: Future[EngineFigures] = Future()
+        with self._send_lock:
+            with self._lock:
+                if not self.is_running():
+                    return self._last_figures
+                token = next(self._figures_tokens)
+                self._figures_asked[token] = reply
+            self._send(("figures", token))
+        try:
+            return reply.result(FIGURES_TIMEOUT_S)
+        except FutureTimeout:
+            return self._last_figures
+        finally:
+            with self._lock:
+                self._figures_asked.pop(token, None)
+
+    @property
+    def pid(self) -> int | None:
+        """The engine process's id."""
+        return self._process.pid
+
+    def is_running(self) -> bool:
+        return self._started and not self._stopped and self._reader.is_alive()
+
+    def shutdown(self, timeout_s: float | None = None) -> bool:
+        """Stops the process; requests in flight finish with finish_reason "abort". Waits for the
+        step in progress at most `timeout_s` (None: for ever); False if it was still running."""
+        with self._send_lock:
+            with self._lock:
+                already, self._stopped = self._stopped, True
+            if not already:
+                self._send(("shutdown", timeout_s))
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s + EXIT_GRACE_S
+        self._reader.join(_left(deadline))
+        # Once it has said it stopped, nothing of it is left to lose: it is not waited for twice.
+        self._process.join(_left(deadline))
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+        return self._stopped_in_time
+
+    async def close(self, timeout_s: float) -> bool:
+        """`shutdown` off the event loop: the step in progress may take seconds to end."""
+        return await asyncio.to_thread(self.shutdown, timeout_s)
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def _make_request(
+        self,
+        prompt_token_ids: PromptIds,
+        params: SamplingParams | None,
+        request_id: str | None,
+        priority: int | None,
+        callback: OutputCallback | None,
+    ) -> Request:
+        request = self.inputs.process(prompt_token_ids, params, request_id, priority, callback)
+        with self._lock:
+            self._check_request_id(request.seq.request_id)
+        return request
+
+    def _check_request_id(self, request_id: str) -> None:
+        if self._stopped:
+            raise RuntimeError("the engine is shut down")
+        if not self._started:
+            raise RuntimeError("the engine is not started: call start() or use it as a context manager")
+        if not self._reader.is_alive():
+            raise RuntimeError("the engine process has exited")
+        if request_id in self._live:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+
+    def _enqueue(self, requests: list[Request]) -> None:
+        with self._send_lock:
+            with self._lock:
+                for request in requests:
+                    self._check_request_id(request.seq.request_id)
+                for request in requests:
+                    self._live[request.seq.request_id] = request.callback
+                    self._waiting.add(request.seq.request_id)
+            for request in requests:
+                seq = request.seq
+                self._send(("add", seq.request_id, seq.prompt_token_ids, seq.params, seq.priority))
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        """Under `_send_lock`. A process that is gone drops it: the reader ends its requests."""
+        with contextlib.suppress(OSError):
+            self._conn.send(message)
+
+    # --- what comes back, on the reader thread --------------------------------------------------
+
+    def _receive_loaded(self) -> _Loaded:
+        while True:
+            try:
+                message = self._conn.recv()
+            except EOFError:
+                self._process.join()
+                raise RuntimeError(
+                    f"the engine process exited while loading the model (exit code {self._process.exitcode})"
+                ) from None
+            if message[0] == "log":
+                _handle(message[1])
+            elif message[0] == "failed":
+                self._process.join()
+                raise message[1]
+            else:
+                assert message[0] == "ready"
+                loaded: _Loaded = message[1]
+                return loaded
+
+    def _read(self) -> None:
+        reason: FinishReason = "abort"
+        try:
+            while True:
+                message = self._conn.recv()
+                kind = message[0]
+                if kind == "delta":
+                    self._deliver(message[1], message[2], message[3])
+                elif kind == "figures":
+                    self._answer_figures(message[1], message[2])
+                elif kind == "log":
+                    _handle(message[1])
+                else:
+                    assert kind == "stopped"
+                    self._stopped_in_time = message[1]
+                    return
+        except (EOFError, OSError):
+            if not self._stopped:
+                reason = "error"
+                logger.error(
+                    "the engine process exited (exit code %s); the requests in flight end with finish_reason 'error'",
+                    self._process.exitcode,
+                )
+        finally:
+            self._end_all(reason)
+
+    def _deliver(self, request_id: str, delta: StreamDelta, output: RequestOutput | None) -> None:
+        with self._lock:
+            if request_id not in self._live:
+                return
+            callback = self._live.pop(request_id) if delta.finished else self._live[request_id]
+            self._waiting.discard(request_id)
+        if callback is None:
+            return
+        try:
+            callback(delta, output)
+        except Exception:
+            logger.exception("output callback of request %s failed; aborting it", request_id)
+            self.abort(request_id)
+
+    def _answer_figures(self, token: int, figures: EngineFigures) -> None:
+        self._last_figures = figures
+        with self._lock:
+            reply = self._figures_asked.get(token)
+        if reply is not None:
+            reply.set_result(figures)
+
+    def _end_all(self, reason: FinishReason) -> None:
+        """The process is gone: every request still in flight ends with `reason`."""
+        with self._lock:
+            self._stopped = True
+            live, self._live = self._live, {}
+            self._waiting.clear()
+        for request_id, callback in live.items():
+            if callback is None:
+                continue
+            try:
+                callback(*_ended(request_id, reason))
+            except Exception:
+                logger.exception("output callback of request %s failed", request_id)
+
+
+def _left(deadline: float | None) -> float | None:
+    """The seconds until `deadline` (time.monotonic), none below zero; None: no deadline."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _ended(request_id: str, reason: FinishReason) -> tuple[StreamDelta, RequestOutput]:
+    """The last delta and the output of a request ended without a token from the engine."""
+    return StreamDelta(finished=True, finish_reason=reason), RequestOutput(request_id, [], "", reason, 0, 0, None)
+
+
+def _handle(record: logging.LogRecord) -> None:
+    """A record the process logged, handled here as if logged here."""
+    logging.getLogger(record.name).handle(record)
+
+
+# --- the process --------------------------------------------------------------------------------
+
+
+class _PipeHandler(logging.handlers.QueueHandler):
+    """Sends each record, its message and traceback formatted, to the app's process."""
+
+    def __init__(self, send: Callable[[tuple[Any, ...]], None]) -> None:
+        super().__init__(None)  # type: ignore[arg-type]  # enqueue() is ours: no queue
+        self._send_message = send
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        self._send_message(("log", record))
+
+
+def _serve(config: EngineConfig, conn: Connection, log_level: int) -> None:
+    """The process: loads the engine, then runs what the app sends until it says stop or goes."""
+    from .llm_engine import LLMEngine  # torch, only here: the app's process has it loaded already
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the app, which stops this through the pipe
+    send_lock = threading.Lock()
+
+    def send(message: tuple[Any, ...]) -> None:
+        with send_lock:
+            conn.send(message)
+
+    root = logging.getLogger()
+    root.handlers = [_PipeHandler(send)]
+    root.setLevel(log_level)
+    try:
+        engine = LLMEngine(config)
+    except Exception as exc:  # noqa: BLE001 - raised again in the app's process
+        send(("failed", _sendable(exc)))
+        return
+    # The loaded libraries' objects live as long as the process: a full collection walking them
+    # would stall a step for hundreds of milliseconds (web/starting.py freezes the app's alike).
+    gc.collect()
+    gc.freeze()
+    engine.start()
+    send(("ready", _loaded(engine)))
+
+    def add(request_id: str, prompt: PromptIds, params: SamplingParams, priority: int) -> None:
+        def deliver(delta: StreamDelta, output: RequestOutput | None) -> None:
+            send(("delta", request_id, delta, output))
+
+        try:
+            engine.add_request(prompt, params, request_id, priority=priority, callback=deliver)
+        except (ValueError, RuntimeError) as exc:  # checked in the app already: only a race with shutdown
+            logger.error("request %s refused: %s", request_id, exc)
+            deliver(*_ended(request_id, "error"))
+
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the app's process is gone
+            engine.shutdown(0)
+            return
+        kind = message[0]
+        if kind == "add":
+            add(*message[1:])
+        elif kind == "abort":
+            engine.abort(message[1])
+        elif kind == "figures":
+            send(("figures", message[1], engine.figures()))
+        else:
+            assert kind == "shutdown"
+            stopped = engine.shutdown(message[1])
+            send(("stopped", stopped))
+            return
+
+
+def _loaded(engine: Any) -> _Loaded:
+    return _Loaded(
+        model_name=engine.model_name,
+        is_demo_model=engine.is_demo_model,
+        num_parameters=engine.num_parameters,
+        max_model_len=engine.max_model_len,
+        max_num_seqs=engine.max_num_seqs,
+        vocab_size=engine.inputs.vocab_size,
+        eos_token_ids=sorted(engine.core.eos_token_ids),
+        tokenizer_path=str(engine.tokenizer.name_or_path),
+        figures=engine.figures(),
+    )
+
+
+def _sendable(exc: Exception) -> Exception:
+    """`exc` if it survives the pipe, else a RuntimeError that says what it was."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any exception type may fail to pickle its own way
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc

@@ -16,7 +16,6 @@ finish_reason "error" and `is_running()` turns False.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import itertools
@@ -33,7 +32,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from .chat_format import ChatFormat
 from .checkpoints import load_tokenizer
@@ -44,6 +43,9 @@ from .request import InputProcessor, OutputCallback, Request
 from .sampling_params import SamplingParams
 from .streams import CallbackEngine
 from .token_ids import PromptIds
+
+if TYPE_CHECKING:
+    from .llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -127,12 +129,6 @@ class EngineProcess(CallbackEngine):
         self._started = True
         return self
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.shutdown()
-
     def abort(self, request_id: str) -> None:
         with self._send_lock:
             with self._lock:
@@ -189,24 +185,7 @@ class EngineProcess(CallbackEngine):
             self._process.join()
         return self._stopped_in_time
 
-    async def close(self, timeout_s: float) -> bool:
-        """`shutdown` off the event loop: the step in progress may take seconds to end."""
-        return await asyncio.to_thread(self.shutdown, timeout_s)
-
     # --- requests -------------------------------------------------------------------------------
-
-    def _make_request(
-        self,
-        prompt_token_ids: PromptIds,
-        params: SamplingParams | None,
-        request_id: str | None,
-        priority: int | None,
-        callback: OutputCallback | None,
-    ) -> Request:
-        request = self.inputs.process(prompt_token_ids, params, request_id, priority, callback)
-        with self._lock:
-            self._check_request_id(request.seq.request_id)
-        return request
 
     def _check_request_id(self, request_id: str) -> None:
         if self._stopped:
@@ -403,7 +382,7 @@ def _serve(config: EngineConfig, conn: Connection, log_level: int) -> None:
             return
 
 
-def _loaded(engine: Any) -> _Loaded:
+def _loaded(engine: LLMEngine) -> _Loaded:
     return _Loaded(
         model_name=engine.model_name,
         is_demo_model=engine.is_demo_model,

@@ -1,4 +1,3 @@
-import asyncio
 import logging
 import threading
 from pathlib import Path
@@ -11,10 +10,8 @@ from .config import EngineConfig
 from .core import EngineCore
 from .metrics import EngineFigures, RequestFigures
 from .outputs import FinishReason, RequestOutput, StreamDelta
-from .request import InputProcessor, OutputCallback, Request
-from .sampling_params import SamplingParams
+from .request import InputProcessor, Request
 from .streams import CallbackEngine
-from .token_ids import PromptIds
 from .weights import build_model, resolve_device, resolve_dtype
 
 logger = logging.getLogger(__name__)
@@ -53,7 +50,7 @@ class LLMEngine(CallbackEngine):
         self.max_model_len = self.core.max_model_len
         self.max_num_seqs = config.max_num_seqs
         self.inputs = InputProcessor(self.tokenizer, arch.vocab_size, self.max_model_len)
-        self._lock = threading.Condition()
+        self._lock: threading.Condition = threading.Condition()
         self._new_requests: list[Request] = []
         self._aborted: set[str] = set()
         self._live: set[str] = set()
@@ -75,12 +72,6 @@ class LLMEngine(CallbackEngine):
         """Starts the step loop; requests are refused before."""
         self._thread.start()
         return self
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.shutdown()
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -123,23 +114,6 @@ class LLMEngine(CallbackEngine):
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
-
-    async def close(self, timeout_s: float) -> bool:
-        """`shutdown` off the event loop: the step in progress may take seconds to end."""
-        return await asyncio.to_thread(self.shutdown, timeout_s)
-
-    def _make_request(
-        self,
-        prompt_token_ids: PromptIds,
-        params: SamplingParams | None,
-        request_id: str | None,
-        priority: int | None,
-        callback: OutputCallback | None,
-    ) -> Request:
-        request = self.inputs.process(prompt_token_ids, params, request_id, priority, callback)
-        with self._lock:
-            self._check_request_id(request.seq.request_id)
-        return request
 
     def _check_request_id(self, request_id: str) -> None:
         if self._stopped:

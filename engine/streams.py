@@ -6,24 +6,22 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
+from typing import Any, Self
 
 from .outputs import RequestOutput, StreamDelta
-from .request import OutputCallback, Request
+from .request import InputProcessor, OutputCallback, Request
 from .sampling_params import SamplingParams
 from .token_ids import PromptIds
 
 
 class CallbackEngine(ABC):
+    inputs: InputProcessor
+    _lock: AbstractContextManager[Any]  # guards what `_check_request_id` reads
+
     @abstractmethod
-    def _make_request(
-        self,
-        prompt_token_ids: PromptIds,
-        params: SamplingParams | None,
-        request_id: str | None,
-        priority: int | None,
-        callback: OutputCallback | None,
-    ) -> Request:
-        """The request checked (ValueError, RuntimeError) in the caller's thread, not yet queued."""
+    def _check_request_id(self, request_id: str) -> None:
+        """Under `_lock`: RuntimeError where no request is taken now, ValueError for an id in flight."""
 
     @abstractmethod
     def _enqueue(self, requests: list[Request]) -> None:
@@ -32,6 +30,25 @@ class CallbackEngine(ABC):
     @abstractmethod
     def abort(self, request_id: str) -> None:
         """Ends the request with finish_reason "abort" if it is still in flight."""
+
+    @abstractmethod
+    def start(self) -> Self:
+        """Starts taking requests; they are refused before."""
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    @abstractmethod
+    def shutdown(self, timeout_s: float | None = None) -> bool:
+        """Stops serving; requests in flight end with finish_reason "abort". Waits for the step in
+        progress at most `timeout_s` (None: for ever); False if it is still running."""
+
+    async def close(self, timeout_s: float) -> bool:
+        """`shutdown` off the event loop: the step in progress may take seconds to end."""
+        return await asyncio.to_thread(self.shutdown, timeout_s)
 
     def add_request(
         self,
@@ -47,6 +64,20 @@ class CallbackEngine(ABC):
         request = self._make_request(prompt_token_ids, params, request_id, priority, callback)
         self._enqueue([request])
         return request.seq.request_id
+
+    def _make_request(
+        self,
+        prompt_token_ids: PromptIds,
+        params: SamplingParams | None,
+        request_id: str | None,
+        priority: int | None,
+        callback: OutputCallback | None,
+    ) -> Request:
+        """The request checked in the caller's thread (ValueError, RuntimeError), not yet queued."""
+        request = self.inputs.process(prompt_token_ids, params, request_id, priority, callback)
+        with self._lock:
+            self._check_request_id(request.seq.request_id)
+        return request
 
     def generate(
         self, prompt_token_ids: Sequence[PromptIds], params: SamplingParams | list[SamplingParams] | None = None

@@ -30,6 +30,7 @@ from chat.summarizer import Summarizer
 from engine import StreamDelta
 from engine.engine_process import EngineProcess
 from engine.interface import Engine
+from engine.process_main import Spawned, spawn
 from engine.remote import RemoteEngine, RemoteEngineError
 from settings import Settings
 from storage import Database
@@ -61,9 +62,10 @@ def where_to_find(settings: Settings) -> str:
     return f"{chat}, {console}, API {base}/v1"
 
 
-def build_engine(settings: Settings) -> Engine:
+def build_engine(settings: Settings, spawned: Spawned | None = None) -> Engine:
+    """`spawned`: the local engine's process, started ahead by the caller (app.py)."""
     if settings.engine.backend == "local":
-        return EngineProcess(settings.engine.local())
+        return EngineProcess(spawned or spawn(settings.engine.local()))
     try:
         return RemoteEngine(settings.engine.remote())
     except RemoteEngineError as exc:  # its message says it all: one line, no traceback
@@ -93,12 +95,13 @@ def build_chat_manager(settings: Settings, engine: Engine, db: Database) -> Chat
     )
 
 
-def build_app(settings: Settings) -> FastAPI:
+def build_app(settings: Settings, spawned: Spawned | None = None) -> FastAPI:
+    """`spawned`: the local engine's process, if the caller started it ahead (`build_engine`)."""
     db = Database(
         settings.storage.url, busy_timeout_ms=settings.storage.busy_timeout_ms, echo=settings.storage.echo_sql
     )
     db.upgrade()
-    engine = build_engine(settings)
+    engine = build_engine(settings, spawned)
     chat_manager = build_chat_manager(settings, engine, db)
     scheduler = AsyncIOScheduler(timezone="UTC")
     assistant = settings.assistant

@@ -7,7 +7,7 @@ demo model took 21 ms in the app and 10 ms alone; its layers took 13.5 ms beside
 busy half the time, 5.9 ms beside a process as busy (Intel Xeon, 2 cores). vLLM runs its engine
 core in a process of its own for the same reason.
 
-Requests cross a pipe to the process, which feeds them to its LLMEngine; each delta comes back the
+Requests cross a pipe to the process (`process_main.py`), which feeds them to its LLMEngine; each delta comes back the
 same way and is handed to its callback on this side's reader thread. Prompts are checked here
 first, so bad input raises ValueError at once, as with LLMEngine. The process's log records are
 handled by this process's logging. If the process dies, the requests in flight end with
@@ -17,35 +17,23 @@ finish_reason "error" and `is_running()` turns False.
 from __future__ import annotations
 
 import contextlib
-import gc
 import itertools
 import logging
-import logging.handlers
-import multiprocessing
-import pickle
-import signal
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from .chat_format import ChatFormat
 from .checkpoints import load_tokenizer
 from .config import EngineConfig
 from .metrics import EngineFigures
 from .outputs import FinishReason, RequestOutput, StreamDelta
+from .process_main import Loaded, Spawned, ended, spawn
 from .request import InputProcessor, OutputCallback, Request
-from .sampling_params import SamplingParams
 from .streams import CallbackEngine
-from .token_ids import PromptIds
-
-if TYPE_CHECKING:
-    from .llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -57,24 +45,9 @@ FIGURES_TIMEOUT_S = 2.0
 EXIT_GRACE_S = 1.0
 
 
-@dataclass(frozen=True)
-class _Loaded:
-    """What the process tells about its engine once the model is loaded."""
-
-    model_name: str
-    is_demo_model: bool
-    num_parameters: int | None
-    max_model_len: int
-    max_num_seqs: int
-    vocab_size: int
-    eos_token_ids: list[int]
-    tokenizer_path: str
-    figures: EngineFigures
-
-
 class EngineProcess(CallbackEngine):
-    """Loads the model in a new process (blocking until it is loaded, or raising what loading
-    raised) and serves requests from it once started.
+    """An engine process, taken from `spawn` once its model is loaded (the constructor waits, and
+    raises what loading raised); it serves requests once started.
 
     `_send_lock` orders what goes to the process: a request is registered and sent under it, so
     its abort can never overtake it. `_lock` guards the requests in flight and the figures asked
@@ -82,17 +55,9 @@ class EngineProcess(CallbackEngine):
     draining the other way.
     """
 
-    def __init__(self, config: EngineConfig) -> None:
-        context = multiprocessing.get_context("spawn")  # a fork would copy the app's threads' locks
-        self._conn, child_conn = context.Pipe()
-        self._process = context.Process(
-            target=_serve,
-            args=(config, child_conn, logging.getLogger().getEffectiveLevel()),
-            name="llm-engine",
-            daemon=True,
-        )
-        self._process.start()
-        child_conn.close()
+    def __init__(self, spawned: Spawned) -> None:
+        """Takes the process `spawn` started and waits for its model."""
+        self._process, self._conn = spawned.process, spawned.conn
         loaded = self._receive_loaded()
         logger.info("the engine runs in process %d", self._process.pid)
         self.model_name = loaded.model_name
@@ -117,7 +82,7 @@ class EngineProcess(CallbackEngine):
 
     @classmethod
     def from_pretrained(cls, model: str = EngineConfig.model, **options: Any) -> Self:
-        return cls(EngineConfig(model=model, **options))
+        return cls(spawn(EngineConfig(model=model, **options)))
 
     def chat_format(self, *, enable_thinking: bool = False) -> ChatFormat:
         return ChatFormat.for_tokenizer(
@@ -216,7 +181,7 @@ class EngineProcess(CallbackEngine):
 
     # --- what comes back, on the reader thread --------------------------------------------------
 
-    def _receive_loaded(self) -> _Loaded:
+    def _receive_loaded(self) -> Loaded:
         while True:
             try:
                 message = self._conn.recv()
@@ -232,7 +197,7 @@ class EngineProcess(CallbackEngine):
                 raise message[1]
             else:
                 assert message[0] == "ready"
-                loaded: _Loaded = message[1]
+                loaded: Loaded = message[1]
                 return loaded
 
     def _read(self) -> None:
@@ -292,7 +257,7 @@ class EngineProcess(CallbackEngine):
             if callback is None:
                 continue
             try:
-                callback(*_ended(request_id, reason))
+                callback(*ended(request_id, reason))
             except Exception:
                 logger.exception("output callback of request %s failed", request_id)
 
@@ -302,104 +267,6 @@ def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
-def _ended(request_id: str, reason: FinishReason) -> tuple[StreamDelta, RequestOutput]:
-    """The last delta and the output of a request ended without a token from the engine."""
-    return StreamDelta(finished=True, finish_reason=reason), RequestOutput(request_id, [], "", reason, 0, 0, None)
-
-
 def _handle(record: logging.LogRecord) -> None:
     """A record the process logged, handled here as if logged here."""
     logging.getLogger(record.name).handle(record)
-
-
-# --- the process --------------------------------------------------------------------------------
-
-
-class _PipeHandler(logging.handlers.QueueHandler):
-    """Sends each record, its message and traceback formatted, to the app's process."""
-
-    def __init__(self, send: Callable[[tuple[Any, ...]], None]) -> None:
-        super().__init__(None)  # type: ignore[arg-type]  # enqueue() is ours: no queue
-        self._send_message = send
-
-    def enqueue(self, record: logging.LogRecord) -> None:
-        self._send_message(("log", record))
-
-
-def _serve(config: EngineConfig, conn: Connection, log_level: int) -> None:
-    """The process: loads the engine, then runs what the app sends until it says stop or goes."""
-    from .llm_engine import LLMEngine  # torch, only here: the app's process has it loaded already
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the app, which stops this through the pipe
-    send_lock = threading.Lock()
-
-    def send(message: tuple[Any, ...]) -> None:
-        with send_lock:
-            conn.send(message)
-
-    root = logging.getLogger()
-    root.handlers = [_PipeHandler(send)]
-    root.setLevel(log_level)
-    try:
-        engine = LLMEngine(config)
-    except Exception as exc:  # noqa: BLE001 - raised again in the app's process
-        send(("failed", _sendable(exc)))
-        return
-    # The loaded libraries' objects live as long as the process: a full collection walking them
-    # would stall a step for hundreds of milliseconds (web/starting.py freezes the app's alike).
-    gc.collect()
-    gc.freeze()
-    engine.start()
-    send(("ready", _loaded(engine)))
-
-    def add(request_id: str, prompt: PromptIds, params: SamplingParams, priority: int) -> None:
-        def deliver(delta: StreamDelta, output: RequestOutput | None) -> None:
-            send(("delta", request_id, delta, output))
-
-        try:
-            engine.add_request(prompt, params, request_id, priority=priority, callback=deliver)
-        except (ValueError, RuntimeError) as exc:  # checked in the app already: only a race with shutdown
-            logger.error("request %s refused: %s", request_id, exc)
-            deliver(*_ended(request_id, "error"))
-
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:  # the app's process is gone
-            engine.shutdown(0)
-            return
-        kind = message[0]
-        if kind == "add":
-            add(*message[1:])
-        elif kind == "abort":
-            engine.abort(message[1])
-        elif kind == "figures":
-            send(("figures", message[1], engine.figures()))
-        else:
-            assert kind == "shutdown"
-            stopped = engine.shutdown(message[1])
-            send(("stopped", stopped))
-            return
-
-
-def _loaded(engine: LLMEngine) -> _Loaded:
-    return _Loaded(
-        model_name=engine.model_name,
-        is_demo_model=engine.is_demo_model,
-        num_parameters=engine.num_parameters,
-        max_model_len=engine.max_model_len,
-        max_num_seqs=engine.max_num_seqs,
-        vocab_size=engine.inputs.vocab_size,
-        eos_token_ids=sorted(engine.core.eos_token_ids),
-        tokenizer_path=str(engine.tokenizer.name_or_path),
-        figures=engine.figures(),
-    )
-
-
-def _sendable(exc: Exception) -> Exception:
-    """`exc` if it survives the pipe, else a RuntimeError that says what it was."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:  # noqa: BLE001 - any exception type may fail to pickle its own way
-        return RuntimeError(f"{type(exc).__name__}: {exc}")
-    return exc

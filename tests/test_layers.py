@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "bot": {"assistant", "chat", "settings", "storage"},
     "web": {"cache", "chat", "engine", "settings"},
     "logging_setup": {"cache", "settings"},
-    "app": {"logging_setup", "settings", "web", "wiring"},
+    "app": {"engine", "logging_setup", "settings", "web", "wiring"},  # engine: its process starts first
 }
 PARTS = set(ALLOWED) | {"wiring"}
 

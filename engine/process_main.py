@@ -1,0 +1,167 @@
+"""The engine's process, EngineProcess's other side: `spawn` starts it, and it loads an LLMEngine
+and serves what comes down the pipe. Nothing heavy is imported here, so that the app can start it
+before it loads its own libraries: the process imports torch and loads the model meanwhile (the
+app's `/readyz` came 4.4 s later when it waited for that first)."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import logging.handlers
+import multiprocessing
+import pickle
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any
+
+from .config import EngineConfig
+from .metrics import EngineFigures
+from .outputs import FinishReason, RequestOutput, StreamDelta
+from .sampling_params import SamplingParams
+from .token_ids import PromptIds
+
+if TYPE_CHECKING:
+    from .llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """An engine process started, its model loading; `EngineProcess(spawned)` waits for it."""
+
+    process: BaseProcess
+    conn: Connection
+
+
+def spawn(config: EngineConfig) -> Spawned:
+    """Starts the engine's process. Spawned, not forked: a fork would copy the locks of the app's
+    threads. Its log records come at this process's logging level as it is now."""
+    context = multiprocessing.get_context("spawn")
+    conn, child_conn = context.Pipe()
+    process = context.Process(
+        target=serve, args=(config, child_conn, logging.getLogger().getEffectiveLevel()), name="llm-engine", daemon=True
+    )
+    process.start()
+    child_conn.close()
+    return Spawned(process, conn)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What the process tells about its engine once the model is loaded."""
+
+    model_name: str
+    is_demo_model: bool
+    num_parameters: int | None
+    max_model_len: int
+    max_num_seqs: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    tokenizer_path: str
+    figures: EngineFigures
+
+
+def ended(request_id: str, reason: FinishReason) -> tuple[StreamDelta, RequestOutput]:
+    """The last delta and the output of a request ended without a token from the engine."""
+    return StreamDelta(finished=True, finish_reason=reason), RequestOutput(request_id, [], "", reason, 0, 0, None)
+
+
+class _PipeHandler(logging.handlers.QueueHandler):
+    """Sends each record, its message and traceback formatted, to the app's process."""
+
+    def __init__(self, send: Callable[[tuple[Any, ...]], None]) -> None:
+        super().__init__(None)  # type: ignore[arg-type]  # enqueue() is ours: no queue
+        self._send_message = send
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        self._send_message(("log", record))
+
+
+def serve(config: EngineConfig, conn: Connection, log_level: int) -> None:
+    """The process: loads the engine, then runs what the app sends until it says stop or goes."""
+    from .llm_engine import LLMEngine  # torch and transformers: imported by the process, not by spawn's caller
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the app, which stops this through the pipe
+    send_lock = threading.Lock()
+
+    def send(message: tuple[Any, ...]) -> None:
+        with send_lock:
+            conn.send(message)
+
+    root = logging.getLogger()
+    root.handlers = [_PipeHandler(send)]
+    root.setLevel(log_level)
+    try:
+        engine = LLMEngine(config)
+    except Exception as exc:  # noqa: BLE001 - raised again in the app's process
+        with contextlib.suppress(OSError):  # unless the app is gone
+            send(("failed", _sendable(exc)))
+        return
+    # The loaded libraries' objects live as long as the process: a full collection walking them
+    # would stall a step for hundreds of milliseconds (web/starting.py freezes the app's alike).
+    gc.collect()
+    gc.freeze()
+    engine.start()
+    try:
+        send(("ready", _loaded(engine)))
+        _serve_requests(engine, conn, send)
+    except (EOFError, OSError):  # the app's process is gone
+        engine.shutdown(0)
+
+
+def _serve_requests(engine: LLMEngine, conn: Connection, send: Callable[[tuple[Any, ...]], None]) -> None:
+    """What the app sends, until it says stop."""
+
+    def add(request_id: str, prompt: PromptIds, params: SamplingParams, priority: int) -> None:
+        def deliver(delta: StreamDelta, output: RequestOutput | None) -> None:
+            send(("delta", request_id, delta, output))
+
+        try:
+            engine.add_request(prompt, params, request_id, priority=priority, callback=deliver)
+        except (ValueError, RuntimeError) as exc:  # checked in the app already: only a race with shutdown
+            logger.error("request %s refused: %s", request_id, exc)
+            deliver(*ended(request_id, "error"))
+
+    while True:
+        message = conn.recv()
+        kind = message[0]
+        if kind == "add":
+            add(*message[1:])
+        elif kind == "abort":
+            engine.abort(message[1])
+        elif kind == "figures":
+            send(("figures", message[1], engine.figures()))
+        else:
+            assert kind == "shutdown"
+            stopped = engine.shutdown(message[1])
+            send(("stopped", stopped))
+            return
+
+
+def _loaded(engine: LLMEngine) -> Loaded:
+    return Loaded(
+        model_name=engine.model_name,
+        is_demo_model=engine.is_demo_model,
+        num_parameters=engine.num_parameters,
+        max_model_len=engine.max_model_len,
+        max_num_seqs=engine.max_num_seqs,
+        vocab_size=engine.inputs.vocab_size,
+        eos_token_ids=sorted(engine.core.eos_token_ids),
+        tokenizer_path=str(engine.tokenizer.name_or_path),
+        figures=engine.figures(),
+    )
+
+
+def _sendable(exc: Exception) -> Exception:
+    """`exc` if it survives the pipe, else a RuntimeError that says what it was."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any exception type may fail to pickle its own way
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc

@@ -122,7 +122,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--model", default=DEMO_MODEL, help=f"engine.model for the app it starts (default {DEMO_MODEL})"
     )
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="engine.data_dir for the app it starts")
+    parser.add_argument(
+        "--data-dir",
+        type=lambda path: Path(path).resolve(),  # the app and the peer run in folders of their own
+        default=DEFAULT_DATA_DIR,
+        help="engine.data_dir for the app it starts",
+    )
     parser.add_argument(
         "--url",
         help="benchmark an app already running at this URL, as it is configured "

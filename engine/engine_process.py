@@ -16,11 +16,13 @@ finish_reason "error" and `is_running()` turns False.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import logging
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -79,6 +81,7 @@ class EngineProcess(CallbackEngine):
         self._stopped_in_time = False
         self._reader = threading.Thread(target=self._read, name="llm-engine-output", daemon=True)
         self._reader.start()
+        _running.add(self)
 
     @classmethod
     def from_pretrained(cls, model: str = EngineConfig.model, **options: Any) -> Self:
@@ -219,6 +222,7 @@ class EngineProcess(CallbackEngine):
         except (EOFError, OSError):
             if not self._stopped:
                 reason = "error"
+                self._process.join(EXIT_GRACE_S)  # for its exit code
                 logger.error(
                     "the engine process exited (exit code %s); the requests in flight end with finish_reason 'error'",
                     self._process.exitcode,
@@ -260,6 +264,17 @@ class EngineProcess(CallbackEngine):
                 callback(*ended(request_id, reason))
             except Exception:
                 logger.exception("output callback of request %s failed", request_id)
+
+
+# Engines not shut down when the interpreter exits are shut down then, before multiprocessing
+# terminates their processes (its exit hook, registered at its import, runs after this one).
+_running: weakref.WeakSet[EngineProcess] = weakref.WeakSet()
+
+
+@atexit.register
+def _shut_down_at_exit() -> None:
+    for engine in list(_running):
+        engine.shutdown(EXIT_GRACE_S)
 
 
 def _left(deadline: float | None) -> float | None:

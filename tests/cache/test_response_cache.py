@@ -313,7 +313,10 @@ async def test_a_lookup_past_its_budget_misses_and_leaves_the_embedder_s_queue(
     assert (figures.over_budget, figures.misses) == (1, 1)
     # It left the queue before a forward took it.
     assert embedded_text("What's Docker?") not in {text for texts in held.asked for text in texts}
-    assert await cache.lookup(SHARED, "What's Docker?") is not None  # the embedder is free again
+    # The embedder is free again: a lookup with time enough hits. This one is not the one timed,
+    # and 50 ms is less than an embedding takes on 2 cores busy with other tests' engines.
+    cache._budget_s = 30.0
+    assert await cache.lookup(SHARED, "What's Docker?") is not None
 
 
 async def test_the_budget_is_the_whole_lookup_s_so_one_whose_exact_pass_took_it_is_not_embedded(

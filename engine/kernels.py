@@ -1,6 +1,6 @@
-"""The engine's C kernels for CPU in float32, built once when the engine loads: paged_attention.c
-(decode attention read in place from the KV pool, paged_kernel.py) and greedy_head.c (the LM head
-with a greedy pick, greedy_head.py).
+"""The engine's C kernels for CPU in float32, built when an engine first loads on a machine:
+paged_attention.c (decode attention read in place from the KV pool, paged_kernel.py) and
+greedy_head.c (the LM head with a greedy pick, greedy_head.py).
 
 PyTorch has neither op for CPU, and torch.utils.cpp_extension takes 24 s to build against its
 headers on 2 cores; the kernels are plain C, built in well under a second by the system's compiler
@@ -10,7 +10,10 @@ reuses a loaded libgomp.so.1), so torch.set_num_threads sizes their teams too.
 
 import ctypes
 import functools
+import hashlib
 import logging
+import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -38,30 +41,78 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The kernels, or None where there is no C compiler or they do not build (logged): callers
-    then take torch's ops."""
+    then take torch's ops. Built once per compiler and CPU, then kept in the user's cache folder:
+    building takes 1.8 s on 2 cores, which every engine's start paid."""
     compiler = shutil.which("cc")
     if compiler is None:
         logger.warning("no C compiler (cc) for the engine's CPU kernels: %s", FALLBACK)
         return None
+    path = _cache_folder() / f"kernels-{_build_key(compiler)}.so"
+    if path.exists():
+        return _load(path)
     with tempfile.TemporaryDirectory() as folder:
-        objects = [Path(folder) / Path(source).with_suffix(".o").name for source in SOURCES]
-        path = Path(folder) / "kernels.so"
-        commands = [
-            [compiler, *COMPILE, *flags, str(Path(__file__).with_name(source)), "-o", str(object_path)]
-            for (source, flags), object_path in zip(SOURCES.items(), objects, strict=True)
-        ]
-        commands.append([compiler, *LINK, *map(str, objects), "-o", str(path), "-lm"])
-        for command in commands:
-            built = subprocess.run(command, capture_output=True, text=True)
-            if built.returncode != 0:
-                logger.warning("the engine's CPU kernels did not build (%s):\n%s", FALLBACK, built.stderr)
-                return None
-        try:
-            loaded = ctypes.CDLL(str(path))
-        except OSError as error:  # e.g. a temporary folder mounted noexec
-            logger.warning("the engine's CPU kernels did not load (%s): %s", error, FALLBACK)
+        built = _build(compiler, Path(folder))
+        if built is None:
             return None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # renamed into place whole: a process building at the same time loads one or the other
+            partial = path.with_name(f".{path.name}.{os.getpid()}")
+            shutil.copyfile(built, partial)
+            os.replace(partial, path)
+        except OSError as error:
+            logger.info("the engine's CPU kernels are not kept in %s: %s", path.parent, error)
+            return _load(built)
+    return _load(path)
+
+
+def _load(path: Path) -> ctypes.CDLL | None:
+    try:
+        loaded = ctypes.CDLL(str(path))
+    except OSError as error:  # e.g. a folder mounted noexec
+        logger.warning("the engine's CPU kernels did not load (%s): %s", error, FALLBACK)
+        return None
     for name, (argtypes, restype) in SIGNATURES.items():
         function = getattr(loaded, name)
         function.argtypes, function.restype = argtypes, restype
     return loaded
+
+
+def _build(compiler: str, folder: Path) -> Path | None:
+    objects = [folder / Path(source).with_suffix(".o").name for source in SOURCES]
+    path = folder / "kernels.so"
+    commands = [
+        [compiler, *COMPILE, *flags, str(Path(__file__).with_name(source)), "-o", str(object_path)]
+        for (source, flags), object_path in zip(SOURCES.items(), objects, strict=True)
+    ]
+    commands.append([compiler, *LINK, *map(str, objects), "-o", str(path), "-lm"])
+    for command in commands:
+        built = subprocess.run(command, capture_output=True, text=True)
+        if built.returncode != 0:
+            logger.warning("the engine's CPU kernels did not build (%s):\n%s", FALLBACK, built.stderr)
+            return None
+    return path
+
+
+def _cache_folder() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "clawdbot"
+
+
+def _build_key(compiler: str) -> str:
+    """What the built library depends on: the sources, the flags, the compiler, and the CPU that
+    -march=native compiles for (its model and feature flags)."""
+    digest = hashlib.sha256()
+    for source, flags in SOURCES.items():
+        digest.update(Path(__file__).with_name(source).read_bytes())
+        digest.update(repr(flags).encode())
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    digest.update(repr((COMPILE, LINK, compiler, version, platform.machine(), _cpu())).encode())
+    return digest.hexdigest()[:16]
+
+
+def _cpu() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return "\n".join(dict.fromkeys(line for line in lines if line.startswith(("model name", "flags", "Features"))))

@@ -109,6 +109,31 @@ def test_without_a_compiler_decodes_gather_for_sdpa_and_greedy_steps_take_the_lo
     )
 
 
+def kernels_in_a_process(cache_home: Path) -> subprocess.CompletedProcess[str]:
+    """A fresh process's engine kernels, with `cache_home` as its XDG cache folder."""
+    code = "from engine import kernels; print(kernels.library() is not None)"
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "XDG_CACHE_HOME": str(cache_home)},
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+
+def test_the_kernels_are_built_once_then_loaded_from_the_cache_folder(tmp_path: Path) -> None:
+    assert kernels_in_a_process(tmp_path).stdout.strip() == "True"
+    (built,) = (tmp_path / "clawdbot").iterdir()
+    built_at = built.stat().st_mtime_ns
+    assert kernels_in_a_process(tmp_path).stdout.strip() == "True"
+    assert list((tmp_path / "clawdbot").iterdir()) == [built] and built.stat().st_mtime_ns == built_at
+    # a cache folder that cannot be made: built for the process alone
+    (tmp_path / "a-file").write_text("")
+    result = kernels_in_a_process(tmp_path / "a-file")
+    assert result.stdout.strip() == "True" and result.stderr == ""
+
+
 def test_the_kernel_serves_float32_on_cpu_within_its_buffers() -> None:
     cpu = torch.device("cpu")
     assert paged_kernel.serves(cpu, torch.float32, num_heads=32, head_dim=128, block_size=16)

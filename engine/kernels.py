@@ -47,13 +47,16 @@ def library() -> ctypes.CDLL | None:
     if compiler is None:
         logger.warning("no C compiler (cc) for the engine's CPU kernels: %s", FALLBACK)
         return None
-    path = _cache_folder() / f"kernels-{_build_key(compiler)}.so"
-    if path.exists():
+    cache = _cache_folder()
+    path = None if cache is None else cache / f"kernels-{_build_key(compiler)}.so"
+    if path is not None and path.exists():
         return _load(path)
     with tempfile.TemporaryDirectory() as folder:
         built = _build(compiler, Path(folder))
         if built is None:
             return None
+        if path is None:
+            return _load(built)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             # renamed into place whole: a process building at the same time loads one or the other
@@ -94,8 +97,11 @@ def _build(compiler: str, folder: Path) -> Path | None:
     return path
 
 
-def _cache_folder() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "clawdbot"
+def _cache_folder() -> Path | None:
+    """$XDG_CACHE_HOME/clawdbot, by default ~/.cache/clawdbot; None where that is relative (as the
+    XDG spec has it, ignored) or there is no home to expand ~ to."""
+    folder = Path(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"))
+    return folder / "clawdbot" if folder.is_absolute() else None
 
 
 def _build_key(compiler: str) -> str:

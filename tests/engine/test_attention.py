@@ -132,6 +132,9 @@ def test_the_kernels_are_built_once_then_loaded_from_the_cache_folder(tmp_path: 
     (tmp_path / "a-file").write_text("")
     result = kernels_in_a_process(tmp_path / "a-file")
     assert result.stdout.strip() == "True" and result.stderr == ""
+    # a relative one is ignored, as the XDG spec has it: nothing is written where the app runs
+    assert kernels_in_a_process(Path("relative")).stdout.strip() == "True"
+    assert not (Path(__file__).parents[2] / "relative").exists()
 
 
 def test_the_kernel_serves_float32_on_cpu_within_its_buffers() -> None:

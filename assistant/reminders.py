@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
+import pickle
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -32,6 +33,8 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.date import DateTrigger
+from sqlalchemy import Column, Engine, Unicode, func, select
+from sqlalchemy.engine.default import DefaultExecutionContext
 
 from assistant.when import When
 from chat import Conversation
@@ -135,7 +138,27 @@ class _JobData:
 
 
 class _SharedJobStore(SQLAlchemyJobStore):
-    """APScheduler's SQLAlchemy job store on the app's engine, in a table several replicas share."""
+    """APScheduler's SQLAlchemy job store on the app's engine, in a table several replicas share,
+    with each job's chat, owner and kind in columns of their own (migration 0013): a user's list
+    and the console's counts read those, not every job's pickled state."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine=engine)
+        # APScheduler inserts its own three columns: these take their values from the job's state
+        # as it is inserted (context-sensitive defaults), in the same statement.
+        for name in ("chat_id", "user_id", "kind"):
+            self.jobs_t.append_column(Column(name, Unicode(191), default=_from_state(name)))
+
+    def jobs_of(self, chat_id: str, user_id: str) -> builtins.list[Job]:
+        columns = self.jobs_t.c
+        return self._get_jobs(columns.chat_id == chat_id, columns.user_id == user_id)
+
+    def kinds(self) -> Counter[str]:
+        """How many jobs of each kind there are."""
+        kind = self.jobs_t.c.kind
+        with self.engine.begin() as connection:
+            rows = connection.execute(select(kind, func.count()).where(kind.is_not(None)).group_by(kind)).all()
+        return Counter({row[0]: row[1] for row in rows})
 
     def start(self, scheduler: BaseScheduler, alias: str) -> None:
         # Not SQLAlchemyJobStore.start, which creates the table where it is missing: it is migration 0009's.
@@ -229,8 +252,7 @@ class Reminders:
         return await asyncio.to_thread(self._cancel, chat_id, user_id, number)
 
     async def counts(self) -> ReminderCounts:
-        jobs = await asyncio.to_thread(self._store.get_all_jobs)
-        kinds = Counter(_JobData.of(job).kind for job in jobs)
+        kinds = await asyncio.to_thread(self._store.kinds)
         return ReminderCounts(reminders=kinds["remind"], prompts=kinds["prompt"])
 
     async def fire(self, job: Job, run_time: datetime) -> None:
@@ -291,8 +313,7 @@ class Reminders:
         return _JobData.of(job).reminder(job.id, number, job.next_run_time)
 
     def _owned(self, chat_id: str, user_id: str) -> builtins.list[Job]:
-        jobs = [job for job in self._store.get_all_jobs() if _owns(job, chat_id, user_id)]
-        return sorted(jobs, key=_order)
+        return sorted(self._store.jobs_of(chat_id, user_id), key=_order)
 
     def _claim(self, key: str, ttl: timedelta) -> bool:
         with self._db.session() as session:
@@ -312,9 +333,16 @@ def _trigger(when: When) -> BaseTrigger:
     return CronTrigger(timezone=when.timezone, **when.cron)
 
 
-def _owns(job: Job, chat_id: str, user_id: str) -> bool:
-    target = _JobData.of(job).target
-    return bool(target["chat_id"] == chat_id and target["user_id"] == user_id)
+def _from_state(name: str) -> Callable[[DefaultExecutionContext], str]:
+    """A column's value, read from the job being inserted: its state is APScheduler's dict,
+    pickled; its kwargs are _JobData's fields. (A plain function of one argument: SQLAlchemy passes
+    the context only to such.)"""
+
+    def value(context: DefaultExecutionContext) -> str:
+        kwargs = pickle.loads(context.get_current_parameters()["job_state"])["kwargs"]
+        return str(kwargs["kind"] if name == "kind" else kwargs["target"][name])
+
+    return value
 
 
 def _order(job: Job) -> tuple[datetime, datetime, str]:

@@ -214,11 +214,17 @@ class Memory(Base):
 
 
 class ScheduledJob(Base):
-    """A reminder or scheduled prompt, as APScheduler's SQLAlchemyJobStore keeps it (its table,
-    exactly): written and read only by that job store (assistant/reminders.py)."""
+    """A reminder or scheduled prompt, as APScheduler's SQLAlchemyJobStore keeps it (its table),
+    with its chat, owner and kind beside it, set as the job is inserted: written and read only by
+    that job store (assistant/reminders.py)."""
 
     __tablename__ = "apscheduler_jobs"
+    __table_args__ = (Index("ix_apscheduler_jobs_owner", "chat_id", "user_id"),)
 
     id: Mapped[str] = mapped_column(Unicode(191), primary_key=True)
     next_run_time: Mapped[float | None] = mapped_column(Float(25), index=True)  # a UTC timestamp
     job_state: Mapped[bytes] = mapped_column(LargeBinary)  # the pickled job
+    # NULL only for a job stored before migration 0013 that it could not read
+    chat_id: Mapped[str | None] = mapped_column(Unicode(191))
+    user_id: Mapped[str | None] = mapped_column(Unicode(191))
+    kind: Mapped[str | None] = mapped_column(Unicode(191))  # "remind" or "prompt"

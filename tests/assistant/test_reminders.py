@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from assistant.reminders import ALIAS, Reminder, ReminderCounts, ReminderError, Reminders, Target
 from assistant.when import When
@@ -293,11 +293,67 @@ async def test_a_reminder_missed_past_its_grace_never_fires(tmp_path: Path) -> N
 def test_migration_0009_up_and_down(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path / 'bot.db'}")
     db.upgrade()
-    assert [index["name"] for index in inspect(db.sql_engine).get_indexes("apscheduler_jobs")] == [
-        "ix_apscheduler_jobs_next_run_time"
+    assert sorted(str(index["name"]) for index in inspect(db.sql_engine).get_indexes("apscheduler_jobs")) == [
+        "ix_apscheduler_jobs_next_run_time",
+        "ix_apscheduler_jobs_owner",
     ]
     db.downgrade("0008")
     assert "apscheduler_jobs" not in inspect(db.sql_engine).get_table_names()
     db.upgrade()
     assert "apscheduler_jobs" in inspect(db.sql_engine).get_table_names()
     db.close()
+
+
+def job_columns(path: Path) -> list[tuple[str, str | None, str | None, str | None]]:
+    """Each stored job's id, chat, owner and kind, soonest first."""
+    db = Database(f"sqlite:///{path}")
+    try:
+        with db.sql_engine.begin() as connection:
+            query = "SELECT id, chat_id, user_id, kind FROM apscheduler_jobs ORDER BY next_run_time"
+            return [(row[0], row[1], row[2], row[3]) for row in connection.execute(text(query))]
+    finally:
+        db.close()
+
+
+def set_job_state(path: Path, job_id: str, state: bytes) -> None:
+    db = Database(f"sqlite:///{path}")
+    try:
+        with db.sql_engine.begin() as connection:
+            update = "UPDATE apscheduler_jobs SET job_state = :state WHERE id = :id"
+            connection.execute(text(update), {"state": state, "id": job_id})
+    finally:
+        db.close()
+
+
+async def test_a_users_list_reads_their_jobs_only(tmp_path: Path) -> None:
+    path = tmp_path / "bot.db"
+    async with replica(path) as app:
+        await app.reminders.add("remind", ANN, in_(3600, "mine"))
+        bobs = await app.reminders.add("prompt", BOB, in_(7200, "bob's"))
+        # Bob's job unreadable: reading it, APScheduler would drop it as a job it cannot restore
+        set_job_state(path, bobs.id, b"\x00")
+        assert [r.text for r in await app.reminders.list(ANN.chat_id, ANN.user_id)] == ["mine"]
+        assert await app.reminders.counts() == ReminderCounts(reminders=1, prompts=1)
+    assert [job[0] for job in job_columns(path)][1] == bobs.id
+
+
+async def test_migration_0013_fills_the_columns_of_the_jobs_set_before_it(tmp_path: Path) -> None:
+    path = tmp_path / "bot.db"
+    async with replica(path) as app:
+        mine = await app.reminders.add("remind", ANN, in_(3600, "mine"))
+        bobs = await app.reminders.add("prompt", BOB, in_(7200, "bob's"))
+    db = Database(f"sqlite:///{path}")
+    db.downgrade("0012")
+    with db.sql_engine.begin() as connection:
+        insert = "INSERT INTO apscheduler_jobs (id, next_run_time, job_state) VALUES ('unreadable', 1e10, :state)"
+        connection.execute(text(insert), {"state": b"\x00"})
+    db.upgrade()
+    db.close()
+    assert job_columns(path) == [
+        (mine.id, ANN.chat_id, ANN.user_id, "remind"),
+        (bobs.id, BOB.chat_id, BOB.user_id, "prompt"),
+        ("unreadable", None, None, None),
+    ]
+    async with replica(path) as app:
+        assert [r.text for r in await app.reminders.list(ANN.chat_id, ANN.user_id)] == ["mine"]
+        assert await app.reminders.counts() == ReminderCounts(reminders=1, prompts=1)

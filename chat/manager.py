@@ -167,21 +167,38 @@ class ChatManager:
 
     async def _run(self, turn: Turn, request: _Request) -> TurnResult:
         started = time.perf_counter()
-        async with self.sessions.locked(request.conversation, request.seed) as session:
-            num_tokens, digest = session.history.num_tokens, bytes.fromhex(session.history.context_digest())
-            scope = scope_key(self.model_name, session.system_prompt, digest)
-            reply, level, compression = await self._answer(turn, request, session, scope)
-            turn.reply_complete()
-            answer = (reply.text, self.chat_format.reply([*request.prefill_ids, *reply.generated_ids]))
-            await self.sessions.save_turn(session, (request.text, request.user_ids), answer, compression)
-            if level is CacheLevel.MISS and reply.finish_reason in ("stop", "length") and not request.private:
-                # An answer cut at max_tokens is cached as cut: it serves requests for no more.
-                cut_at = request.params.max_tokens if reply.finish_reason == "length" else None
-                await self.cache.store(scope, request.text, reply.text, cut_at)
-            if compression is not None:
-                self._compressed(session, num_tokens, compression)
-            self._prepare_compression(session)
-            self._compress_ahead(session)
+        # The generations begun on stored copies of the session while the database said whether
+        # they were behind (a worker thread's query, 5 ms at p50 under load, the engine starting
+        # meanwhile): the copy the turn gets keeps its own, any other's stops.
+        early: list[tuple[SessionState, MergedStream[StreamDelta]]] = []
+
+        def begin_early(state: SessionState) -> None:
+            flight = self._early_flight(state, request)
+            if flight is not None:
+                early.append((state, flight))
+
+        try:
+            async with self.sessions.locked(request.conversation, request.seed, while_checking=begin_early) as session:
+                begun = next((flight for state, flight in early if state is session), None)
+                for _, flight in early:
+                    if flight is not begun:
+                        flight.leave()
+                num_tokens, scope = session.history.num_tokens, self._scope(session)
+                reply, level, compression = await self._answer(turn, request, session, scope, begun)
+                turn.reply_complete()
+                answer = (reply.text, self.chat_format.reply([*request.prefill_ids, *reply.generated_ids]))
+                await self.sessions.save_turn(session, (request.text, request.user_ids), answer, compression)
+                if level is CacheLevel.MISS and reply.finish_reason in ("stop", "length") and not request.private:
+                    # An answer cut at max_tokens is cached as cut: it serves requests for no more.
+                    cut_at = request.params.max_tokens if reply.finish_reason == "length" else None
+                    await self.cache.store(scope, request.text, reply.text, cut_at)
+                if compression is not None:
+                    self._compressed(session, num_tokens, compression)
+                self._prepare_compression(session)
+                self._compress_ahead(session)
+        finally:
+            for _, flight in early:
+                flight.leave()
         ttft_s = (reply.first_text_at or time.perf_counter()) - started
         self._counter.count_turn(level, ttft_s)
         result = TurnResult(
@@ -200,24 +217,38 @@ class ChatManager:
         return result
 
     async def _answer(
-        self, turn: Turn, request: _Request, session: SessionState, scope: Scope
+        self,
+        turn: Turn,
+        request: _Request,
+        session: SessionState,
+        scope: Scope,
+        early: MergedStream[StreamDelta] | None,
     ) -> tuple[Reply, CacheLevel, Compression | None]:
-        """The reply, from the cache or the model, streamed to `turn` as it comes."""
+        """The reply, from the cache or the model, streamed to `turn` as it comes. `early`: the
+        generation begun while the session was checked, which a hit stops."""
         reply = Reply()
         # A stream left, however this ends, stops its generation when no one else awaits it.
         with ExitStack() as streams:
             begun: list[MergedStream[StreamDelta]] = []
 
+            def keep(flight: MergedStream[StreamDelta]) -> None:
+                begun.append(flight)
+                streams.callback(flight.leave)
+
             def begin() -> None:
                 # Embedding the question takes 30-90 ms on 2 cores, about what the engine takes to
                 # start on a short prompt: it starts meanwhile, and a hit stops it. A question the
                 # cache embeds opens its conversation, so there is nothing to compress first.
-                begun.append(self._flight(scope, request, self._prompt(session.history, request)))
-                streams.callback(begun[0].leave)
+                keep(self._flight(scope, request, self._prompt(session.history, request)))
+
+            if early is not None:
+                keep(early)
 
             hit = None
             if not request.private:
-                hit = await self.cache.lookup(scope, request.text, request.params.max_tokens, while_embedding=begin)
+                hit = await self.cache.lookup(
+                    scope, request.text, request.params.max_tokens, while_embedding=None if begun else begin
+                )
             if hit is not None:
                 turn.cache_level = hit.level
                 self._served_from_cache(reply, hit, request.params)
@@ -249,8 +280,7 @@ class ChatManager:
             return joined, None
         if begun is not None:
             return begun, None
-        history, compression = session.history, None
-        pending = len(request.user_ids) + len(self.chat_format.generation_prompt) + len(request.prefill_ids)
+        history, compression, pending = session.history, None, self._pending_tokens(request)
         if self.compressor.needed(history, pending):
             # The compression ahead of this turn (in the background) has not finished: this turn's
             # own judges relevance by words, not embeddings, which it would wait for.
@@ -278,6 +308,26 @@ class ChatManager:
             answer, reply.finish_reason = answer[:start], "stop"
         reply.text, reply.generated_ids = answer, ids
         reply.first_text_at = time.perf_counter()
+
+    def _early_flight(self, session: SessionState, request: _Request) -> MergedStream[StreamDelta] | None:
+        """The generation a miss needs, begun on `session` as it is, before the turn knows that the
+        copy is exact or that the cache misses. None for a shared cache's first question, which
+        is often answered by the cache or by a paraphrase's generation (its lookup starts its own
+        while it embeds it), and where the prompt must be compressed first."""
+        scope = self._scope(session)
+        if (scope.shared and not request.private) or self.compressor.needed(
+            session.history, self._pending_tokens(request)
+        ):
+            return None
+        return self._flight(scope, request, self._prompt(session.history, request))
+
+    def _scope(self, session: SessionState) -> Scope:
+        digest = bytes.fromhex(session.history.context_digest())
+        return scope_key(self.model_name, session.system_prompt, digest)
+
+    def _pending_tokens(self, request: _Request) -> int:
+        """What the turn adds to the history's tokens in its prompt."""
+        return len(request.user_ids) + len(self.chat_format.generation_prompt) + len(request.prefill_ids)
 
     def _prompt(self, history: TokenHistory, request: _Request) -> TokenArray:
         return history.prompt(request.user_ids, self.chat_format.generation_prompt, request.prefill_ids)

@@ -15,6 +15,7 @@ from cache.levels import CacheLevel
 from chat import ChatManager, ChatMessage, Conversation, InvalidMessage, Transcript, TurnResult
 from chat.compression import STAND_IN_PREFIX
 from chat.reply import Reply
+from chat.sessions import SessionState
 from chat.summarizer import SUMMARY_PREFIX
 from engine import SamplingParams, StreamDelta
 from storage import Chat, Database, Message, MessageRepository, SessionRepository
@@ -345,6 +346,43 @@ async def test_the_engine_starts_on_a_question_while_the_cache_embeds_it_and_a_s
     await engine_finished(manager, "abort", aborts + 1)
     assert engine_requests(manager) == requests + 3
     assert manager.engine.figures().requests.running == 0
+    assert manager.figures().merging.in_flight == 0
+
+
+async def test_a_follow_up_begins_its_generation_while_its_session_is_checked(
+    managers: ManagerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored session's follow-up: the database is asked whether the copy is behind with the
+    generation already in flight; a first question in the shared scope waits for its lookup."""
+    manager = await managers(cache=True)
+    in_flight_at_checks: list[int] = []
+    check = manager.sessions._behind_the_database
+
+    def observed(state: SessionState) -> bool:
+        in_flight_at_checks.append(manager.figures().merging.in_flight)
+        return check(state)
+
+    monkeypatch.setattr(manager.sessions, "_behind_the_database", observed)
+    first = await ask(manager, ALICE, "How do I reset my password?")
+    follow_up = await ask(manager, ALICE, "And my username?")
+    assert (first.cache_level, follow_up.cache_level) == (CacheLevel.MISS, CacheLevel.MISS)
+    assert in_flight_at_checks == [0, 1]
+    assert manager.figures().merging.leaders == 2
+
+
+async def test_a_follow_up_the_cache_answers_stops_the_generation_begun_for_it(managers: ManagerFactory) -> None:
+    # Long replies, so that the one begun during the session's check is still running at the hit.
+    manager = await managers(cache=True, generation=GREEDY.model_copy(update={"max_tokens": 256}))
+    ann, bob, cat = (Conversation(channel="web", chat_id=name) for name in ("ann", "bob", "cat"))
+    question, follow_up = "How do I apply for leave?", "Who approves it?"
+    await ask(manager, ann, question)
+    # Bob and Cat get the cached answer, ids and all: their histories, so their scopes, are one.
+    assert [(await ask(manager, chat, question)).cache_level for chat in (bob, cat)] == [CacheLevel.EXACT] * 2
+    answered = await ask(manager, bob, follow_up)
+    aborts = manager.engine.figures().activity.finish_reasons.get("abort", 0)
+    hit = await ask(manager, cat, follow_up)
+    assert (hit.cache_level, hit.reply) == (CacheLevel.EXACT, answered.reply)
+    await engine_finished(manager, "abort", aborts + 1)
     assert manager.figures().merging.in_flight == 0
 
 

@@ -11,6 +11,7 @@ import pytest
 from chat import ChatManager, Conversation, SessionStore
 from storage import Database, Message
 from tests.chat.chat_support import ManagerFactory, ask, session_of
+from tests.chat.test_chat_manager import engine_finished
 
 pytestmark = pytest.mark.both_databases
 
@@ -54,6 +55,26 @@ async def test_a_conversation_alternating_between_replicas_keeps_its_whole_histo
         assert said == questions[: number + 1]  # every earlier turn, whichever replica answered it
         assert history.token_ids.tolist() == await fresh_history_ids(replica, ANN)
     assert session_of(first, ANN).id == session_of(second, ANN).id
+
+
+async def test_the_generation_begun_on_a_copy_that_was_behind_stops(
+    replicas: tuple[ChatManager, ChatManager],
+) -> None:
+    """A follow-up's generation begins while the database is asked whether the session's copy
+    is behind; where it was (the other replica answered the turn before), that generation stops
+    and the turn is answered on the session as stored."""
+    first, second = replicas
+    await ask(first, ANN, "My name is Ann.")
+    await ask(second, ANN, "I work on payments.")
+    aborts = first.engine.figures().activity.finish_reasons.get("abort", 0)
+    await ask(first, ANN, "What is my name?")
+    await engine_finished(first, "abort", aborts + 1)
+    history = session_of(first, ANN).history
+    assert [record.text for record in history.records if record.role == "user"] == [
+        "My name is Ann.",
+        "I work on payments.",
+        "What is my name?",
+    ]
 
 
 async def test_a_reset_on_one_replica_starts_the_new_session_on_the_other(

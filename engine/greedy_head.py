@@ -5,8 +5,8 @@ A greedy step needs only the index of each row's largest logit. oneDNN writes al
 argmax reads them back: on the demo model (151,936 x 128) that is 6.9 ms at 8 rows and 15.3 ms at
 40 (2 cores, AMD EPYC); the fused pass takes 1.6 and 8.7 ms. Panels of two vectors a hidden index
 (greedy_head.c) took 0.74-0.80x the time of panels of one at 24-40 rows, the rows of a step with
-draft tokens, and 0.88-0.96x at 8-16 (2 cores, Intel Xeon with AVX-512, both in one process,
-medians of 30 calls). A step of a few rows is bound by
+draft tokens, and 0.86-0.91x at 8-16 (2 cores, Intel Xeon with AVX-512, both in one process).
+A step of a few rows is bound by
 reading the LM head, so it is kept in bfloat16 where that holds every value exactly: a bfloat16
 checkpoint run in float32, as transformers runs it, computes the same products from half the bytes
 (78 MB of the demo's LM head become 39 MB). The panels are a copy of the LM head: its float32

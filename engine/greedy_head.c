@@ -23,9 +23,10 @@
 #define LANES 8
 #endif
 /* rows whose accumulators (two vectors each) stay in registers while a panel's two vectors are
- * loaded: 18 of AVX-512's 32 registers (12 rows: 1.1x-1.2x the time); AVX2's 16 fit 6, but 8
- * rows then take a pass of 6 and one of 2, and 4 were faster from 8 rows up (the demo's LM head
- * built for AVX2, on an Intel Xeon: 8 rows 4.9 against 5.7 ms, 40 rows 14.7 against 18.6) */
+ * loaded: 18 of AVX-512's 32 registers (with 12 rows, 26, the kernel took 0.79-1.02x the time of
+ * one-vector panels at 1-40 rows, against 0.77-0.96x with 8); AVX2's 16 fit 6, but 8 rows then
+ * take a pass of 6 and one of 2, and 4 were faster from 8 rows up (the demo's LM head built for
+ * AVX2, on an Intel Xeon: 8 rows 4.9 against 5.7 ms, 40 rows 14.7 against 18.6) */
 #ifdef __AVX512F__
 #define ROWS 8
 #else

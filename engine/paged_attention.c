@@ -27,14 +27,15 @@ int paged_decode_supports(int64_t num_heads, int64_t head_dim, int64_t block_siz
     return num_heads <= MAX_HEADS && head_dim <= MAX_HEAD_DIM && block_size <= MAX_BLOCK_SIZE;
 }
 
-/* The rows of one sequence, row r seeing context_lens[r] keys; q and out: [rows, heads, head_dim].
- * Query i is row i / heads, head i % heads; each has head_dim floats of `acc`, block_size of
- * `scores`, and its running maximum and sum. */
+/* The rows of one sequence, row r seeing context_lens[r] keys; q: [rows, heads, head_dim], q_stride
+ * floats from a row to the next; out: [rows, heads, head_dim]. Query i is row i / heads, head
+ * i % heads; each has head_dim floats of `acc`, block_size of `scores`, and its running maximum and
+ * sum. */
 static inline __attribute__((always_inline)) void attend(
-    const float *restrict q, float *restrict out, const float *restrict k_cache, const float *restrict v_cache,
-    const int64_t *restrict block_table, const int64_t *restrict context_lens, int64_t num_rows, int64_t num_kv_heads,
-    int64_t group, int64_t head_dim, int64_t block_size, float scale, float *restrict acc, float *restrict scores,
-    float *restrict running_max, float *restrict running_sum)
+    const float *restrict q, int64_t q_stride, float *restrict out, const float *restrict k_cache,
+    const float *restrict v_cache, const int64_t *restrict block_table, const int64_t *restrict context_lens,
+    int64_t num_rows, int64_t num_kv_heads, int64_t group, int64_t head_dim, int64_t block_size, float scale,
+    float *restrict acc, float *restrict scores, float *restrict running_max, float *restrict running_sum)
 {
     const int64_t num_heads = num_kv_heads * group, token_stride = num_kv_heads * head_dim;
     const int64_t num_queries = num_rows * num_heads;
@@ -63,7 +64,7 @@ static inline __attribute__((always_inline)) void attend(
                 for (int64_t kv_head = 0; kv_head < num_kv_heads; kv_head++) {
                     const float *key = keys + kv_head * head_dim;
                     for (int64_t i = (r * num_kv_heads + kv_head) * group, end = i + group; i < end; i++) {
-                        const float *query = q + i * head_dim;
+                        const float *query = q + r * q_stride + (i - r * num_heads) * head_dim;
                         float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
                         for (int64_t d = 0; d < head_dim; d++) dot += query[d] * key[d];
@@ -111,11 +112,12 @@ static inline __attribute__((always_inline)) void attend(
         for (int64_t d = 0; d < head_dim; d++) out[i * head_dim + d] = acc[i * head_dim + d] / running_sum[i];
 }
 
-/* q and out: [rows, num_kv_heads * group, head_dim]; k_cache and v_cache: one layer's pool,
+/* q and out: [rows, num_kv_heads * group, head_dim], q's rows q_stride floats apart (the query heads
+ * of a row of q, k and v side by side); k_cache and v_cache: one layer's pool,
  * [blocks, block_size, num_kv_heads, head_dim]. Row r's block table starts at
  * block_tables[table_starts[r]] and it sees context_lens[r] keys; a sequence's rows are consecutive
  * and share its table. */
-void paged_decode_attention(const float *q, float *out, const float *k_cache, const float *v_cache,
+void paged_decode_attention(const float *q, int64_t q_stride, float *out, const float *k_cache, const float *v_cache,
                             const int64_t *block_tables, const int64_t *table_starts, const int64_t *context_lens,
                             int64_t num_rows, int64_t num_kv_heads, int64_t group, int64_t head_dim,
                             int64_t block_size, float scale, int64_t num_threads)
@@ -138,7 +140,7 @@ void paged_decode_attention(const float *q, float *out, const float *k_cache, co
         float *running_max = scores + num_queries * block_size, *running_sum = running_max + num_queries;
         const int64_t row = seq_starts[s], rows = seq_starts[s + 1] - row;
 #define ATTEND(HEAD_DIM, BLOCK_SIZE)                                                                                   \
-    attend(q + row * row_stride, out + row * row_stride, k_cache, v_cache, block_tables + table_starts[row],           \
+    attend(q + row * q_stride, q_stride, out + row * row_stride, k_cache, v_cache, block_tables + table_starts[row],  \
            context_lens + row, rows, num_kv_heads, group, HEAD_DIM, BLOCK_SIZE, scale, acc, scores, running_max,        \
            running_sum)
         if (block_size == 16 && head_dim == 32)

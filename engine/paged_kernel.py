@@ -31,16 +31,18 @@ def decode_attention(
     num_threads: int,
 ) -> None:
     """Writes rows [0, len(context_lens)) of `out` [tokens, heads, head_dim], from the same rows of
-    `q`: row r reads the block table at `block_tables[table_starts[r]]`, up to `context_lens[r]` keys,
-    on `num_threads` OpenMP threads."""
+    `q` (its heads contiguous, its rows any stride apart): row r reads the block table at
+    `block_tables[table_starts[r]]`, up to `context_lens[r]` keys, on `num_threads` OpenMP threads."""
     library = kernels.library()
     assert library is not None
     assert q.dtype == out.dtype == k_cache.dtype == v_cache.dtype == torch.float32
-    assert all(t.is_contiguous() for t in (q, out, k_cache, v_cache, block_tables, table_starts, context_lens))
+    assert q[0].is_contiguous() and q.shape == out.shape
+    assert all(t.is_contiguous() for t in (out, k_cache, v_cache, block_tables, table_starts, context_lens))
     assert block_tables.dtype == table_starts.dtype == context_lens.dtype == torch.int64
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     library.paged_decode_attention(
         q.data_ptr(),
+        q.stride(0),
         out.data_ptr(),
         k_cache.data_ptr(),
         v_cache.data_ptr(),

@@ -8,7 +8,7 @@ from safetensors import safe_open
 from torch import nn
 
 from .architecture import Architecture
-from .model import CausalLM, MergedLinear
+from .model import MERGED_MODULES, CausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def load_weights(model: CausalLM, path: Path) -> None:
                     params[target].data.copy_(weight)
                 else:
                     merged = model.get_submodule(target.rsplit(".", 1)[0])
-                    assert isinstance(merged, MergedLinear)
+                    assert isinstance(merged, MERGED_MODULES)
                     merged.load_shard(params[target], shard, weight)
                 unloaded.discard((target, shard))
     if unloaded:
@@ -71,7 +71,7 @@ def load_weights(model: CausalLM, path: Path) -> None:
 
 def parameter_shards(model: CausalLM, name: str) -> list[str | None]:
     module = model.get_submodule(name.rsplit(".", 1)[0])
-    return list(module.shards) if isinstance(module, MergedLinear) else [None]
+    return list(module.shards) if isinstance(module, MERGED_MODULES) else [None]
 
 
 def packed_target(model: CausalLM, name: str) -> tuple[str, str | None]:

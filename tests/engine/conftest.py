@@ -96,9 +96,18 @@ def tiny_model(seed: int = 0, model_type: str = "qwen3", **overrides: Any) -> Ca
     options: dict[str, Any] = dict(max_position_embeddings=1024, initializer_range=0.1, **overrides)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        if model_type == "llama":
-            return LlamaForCausalLM(LlamaConfig(**options)).eval()
-        return Qwen3ForCausalLM(Qwen3Config(**options)).eval()
+        model = (
+            LlamaForCausalLM(LlamaConfig(**options))
+            if model_type == "llama"
+            else Qwen3ForCausalLM(Qwen3Config(**options))
+        )
+        # transformers starts every RMSNorm at ones: weights of their own show each in its place
+        # (Qwen3's q_norm and k_norm share one parameter in our model)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.add_(torch.randn_like(param), alpha=0.3)
+        return model.eval()
 
 
 @dataclass

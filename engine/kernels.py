@@ -41,8 +41,7 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
         None,
     ),
     "greedy_head_lanes": ([], ctypes.c_int64),
-    "greedy_head_workspace": ([ctypes.c_int64] * 2, ctypes.c_int64),
-    "greedy_head": ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 4, None),
+    "greedy_head": ([ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4, None),
 }
 
 

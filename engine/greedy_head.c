@@ -1,20 +1,36 @@
-/* The LM head and a greedy pick in one pass, for float32 on CPU: see greedy_head.py.
+/* The LM head and a greedy pick, for float32 on CPU: see greedy_head.py.
  *
- * The LM head is cut into panels of 2 x LANES vocabulary rows laid out by hidden index, so that
- * two vectors hold one hidden index of a panel's rows, its low and its high half; a hidden row's
- * logits for a panel are 2 x LANES accumulators summed in hidden order, no horizontal sum. In
- * bfloat16 one load brings both halves, interleaved: each 32-bit word holds a low row's value in
- * its lower half and the high row's in its upper half, so a shift widens the one and a mask the
- * other, one instruction a vector where panels of one vector took two (a widening load and a
- * shift) on the ports the multiply-adds need, and each row value loaded feeds two multiply-adds.
- * For up to CHUNK rows at a time the threads take runs of TASK_PANELS panels from a shared
- * counter, each keeping each row's best logit per lane, and the lanes and threads are reduced at
- * the end. Ties and NaN go as torch.argmax has them: the first maximal index wins, and a NaN is
- * maximal. Built without -ffast-math, which would drop the NaN tests. */
+ * A pass over an 8-bit copy of the LM head screens the vocabulary; the few ids it cannot rule out
+ * are computed exactly from the LM head itself. The copy: each vocabulary row scaled to [-127, 127]
+ * and rounded, with bounds per row (`bounds`) on how far its logit may lie from the exact one: the
+ * smaller of its rounding error's norm times the hidden row's (Cauchy-Schwarz) and its largest
+ * rounding error times the hidden row's sum of magnitudes (which is tighter where a few hidden
+ * values dominate, as in SmolLM2's: the candidates left at p90 were 19 against 40, at most 85
+ * against 309), plus both sums' float32 rounding. A row whose screened logit, raised by its bound,
+ * falls short of another's lowered by its own cannot be the largest, whatever the exact values:
+ * the rest are the candidates.
+ * An exact logit is the float32 dot product in hidden order, one fused multiply-add a step (what
+ * the panels of float32 and bfloat16 before this kernel summed, bit for bit).
+ *
+ * The screen is laid out in panels of 2 x LANES vocabulary rows by hidden index, so that one
+ * load brings one hidden index of a panel's rows, widened into two vectors, its low and its high
+ * half; a hidden row's screened logits for a panel are 2 x LANES accumulators summed in hidden
+ * order, no horizontal sum. For up to CHUNK rows at a time the threads take runs of TASK_PANELS
+ * panels from a shared counter, each keeping each row's highest lowered logit (its floor) and
+ * the ids that reach it. A row for which a thread met more than CANDIDATES before its floor rose
+ * is screened again from the row's final floor; one with more even then, or whose hidden values
+ * are not all finite, is computed exactly over the whole vocabulary; so is every row of an LM
+ * head that holds a value that is not finite (`screened` 0). Ties and NaN go as torch.argmax has
+ * them: the first maximal index wins, and a NaN is maximal. Built without -ffast-math, which
+ * would drop the NaN tests and let the exact sums reassociate. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 /* one vector of floats: 64 bytes where AVX-512 has them, else 32 (AVX2; two registers on NEON) */
 #ifdef __AVX512F__
@@ -23,58 +39,33 @@
 #define LANES 8
 #endif
 /* rows whose accumulators (two vectors each) stay in registers while a panel's two vectors are
- * loaded: 18 of AVX-512's 32 registers (with 12 rows, 26, the kernel took 0.79-1.02x the time of
- * one-vector panels at 1-40 rows, against 0.77-0.96x with 8); AVX2's 16 fit 6, but 8 rows then
- * take a pass of 6 and one of 2, and 4 were faster from 8 rows up (the demo's LM head built for
- * AVX2, on an Intel Xeon: 8 rows 4.9 against 5.7 ms, 40 rows 14.7 against 18.6) */
+ * loaded: 18 of AVX-512's 32 registers (with 12 rows, 26, the bfloat16 panels before took
+ * 0.79-1.02x the time of one-vector panels at 1-40 rows, against 0.77-0.96x with 8); AVX2's 16
+ * fit 6, but 8 rows then take a pass of 6 and one of 2, and 4 were faster from 8 rows up (the
+ * demo's LM head built for AVX2, on an Intel Xeon: 8 rows 4.9 against 5.7 ms, 40 rows 14.7
+ * against 18.6) */
 #ifdef __AVX512F__
 #define ROWS 8
 #else
 #define ROWS 4
 #endif
-/* rows that share one pass over the panels: their running maxima stay in L1 (16 KB at 16 lanes) */
+/* rows that share one pass over the panels */
 #define CHUNK 64
 /* panels a thread takes at a time. A static half each made a step wait for whichever thread the
  * OS had put aside: on 2 cores with one busy elsewhere (the app's event loop, the embedder), 40
  * rows of the demo's LM head took 33.7 ms on 2 threads against 28.8 on one; taken in runs, 22.7.
  * With AVX2 its vocabulary is 148 runs, 0.2 ms each at 40 rows on one core. */
 #define TASK_PANELS 64
+/* candidates a thread keeps for a row. The demo's and SmolLM2's rows leave 1-5 and 1-85 after
+ * the whole pass (median 1); a thread keeps more on the way, the ids that reached its floor
+ * before it rose */
+#define CANDIDATES 1024
 
 typedef float floats __attribute__((vector_size(LANES * sizeof(float))));
 typedef int32_t ints __attribute__((vector_size(LANES * sizeof(int32_t))));
-typedef uint32_t uints __attribute__((vector_size(LANES * sizeof(uint32_t))));
+typedef int8_t bytes __attribute__((vector_size(LANES)));
 
 int64_t greedy_head_lanes(void) { return LANES; }
-
-/* the two vectors of hidden index k of a panel. bfloat16 is float32's upper half: widening is a
- * shift (a word's lower half) or a mask (its upper half), exact */
-static inline __attribute__((always_inline)) void load(const void *panel, int64_t k, int is_bf16, floats *low,
-                                                       floats *high)
-{
-    if (is_bf16) {
-        uints words;
-        memcpy(&words, (const uint32_t *)panel + k * LANES, sizeof words);
-        const uints low_bits = words << 16, high_bits = words & 0xffff0000u;
-        memcpy(low, &low_bits, sizeof *low);
-        memcpy(high, &high_bits, sizeof *high);
-    } else {
-        memcpy(low, (const float *)panel + 2 * k * LANES, sizeof *low);
-        memcpy(high, (const float *)panel + (2 * k + 1) * LANES, sizeof *high);
-    }
-}
-
-static inline ints select_ints(ints mask, ints a, ints b) { return (a & mask) | (b & ~mask); }
-
-static inline floats select_floats(ints mask, floats a, floats b)
-{
-    ints a_bits, b_bits;
-    memcpy(&a_bits, &a, sizeof a_bits);
-    memcpy(&b_bits, &b, sizeof b_bits);
-    const ints bits = select_ints(mask, a_bits, b_bits);
-    floats out;
-    memcpy(&out, &bits, sizeof out);
-    return out;
-}
 
 /* whether (value, id) comes before (best, best_id) in torch.argmax's order */
 static int beats(float value, int64_t id, float best, int64_t best_id)
@@ -84,119 +75,328 @@ static int beats(float value, int64_t id, float best, int64_t best_id)
     return isnan(value) || value > best || (value == best && id < best_id);
 }
 
-static inline __attribute__((always_inline)) void dot_panel(const float *restrict hidden, const void *panel,
-                                                            int64_t hidden_size, int num_rows, int is_bf16,
-                                                            floats acc[ROWS][2])
+/* the exact logit of vocabulary row `id` */
+static float exact_logit(const float *hidden, const float *weight, int64_t id, int64_t hidden_size)
 {
-    for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = (floats){0};
-    if (num_rows == ROWS) {
-        for (int64_t k = 0; k < hidden_size; k++) {
-            floats low, high;
-            load(panel, k, is_bf16, &low, &high);
-#pragma GCC unroll 8
-            for (int i = 0; i < ROWS; i++) {
-                const float value = hidden[i * hidden_size + k];
-                acc[i][0] += value * low;
-                acc[i][1] += value * high;
-            }
+    const float *row = weight + id * hidden_size;
+    float sum = 0.f;
+    for (int64_t k = 0; k < hidden_size; k++) sum = fmaf(hidden[k], row[k], sum);
+    return sum;
+}
+
+/* the largest exact logit's id over the whole vocabulary */
+static int64_t exact_pick(const float *hidden, const float *weight, int64_t vocab_size, int64_t hidden_size)
+{
+    float best = 0.f;
+    int64_t best_id = -1;
+    for (int64_t id = 0; id < vocab_size; id++) {
+        const float value = exact_logit(hidden, weight, id, hidden_size);
+        if (beats(value, id, best, best_id)) {
+            best = value;
+            best_id = id;
         }
-        return;
     }
+    return best_id;
+}
+
+/* LANES int8 values as floats. GCC 12 widens a vector of int8 one lane at a time (its
+ * __builtin_convertvector), which took the pass 2-3x the time: on x86 the instructions are named. */
+static inline __attribute__((always_inline)) floats widen(const int8_t *values)
+{
+#if defined(__AVX512F__)
+    return (floats)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)values)));
+#elif defined(__AVX2__)
+    return (floats)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)values)));
+#else
+    bytes narrow;
+    memcpy(&narrow, values, sizeof narrow);
+    return __builtin_convertvector(narrow, floats);
+#endif
+}
+
+static inline float max_lane(floats v)
+{
+    float m = v[0];
+    for (int j = 1; j < LANES; j++) m = v[j] > m ? v[j] : m;
+    return m;
+}
+
+/* the lanes' smaller values, and whether any lane reaches `bound`, in an instruction or two where
+ * they are named: a screen runs for every row and panel, and with GCC's generic vectors, a lane at
+ * a time, the pass over the demo's LM head at 32 rows took 0.98x the time of the bfloat16 panels
+ * before it, 0.91x now */
+static inline floats min_lanes(floats a, floats b)
+{
+#if defined(__AVX512F__)
+    return (floats)_mm512_min_ps((__m512)a, (__m512)b);
+#elif defined(__AVX2__)
+    return (floats)_mm256_min_ps((__m256)a, (__m256)b);
+#else
+    floats out;
+    for (int j = 0; j < LANES; j++) out[j] = a[j] < b[j] ? a[j] : b[j];
+    return out;
+#endif
+}
+
+static inline int any_reaches(floats a, float bound)
+{
+#if defined(__AVX512F__)
+    return _mm512_cmp_ps_mask((__m512)a, _mm512_set1_ps(bound), _CMP_GE_OQ) != 0;
+#elif defined(__AVX2__)
+    return _mm256_movemask_ps(_mm256_cmp_ps((__m256)a, _mm256_set1_ps(bound), _CMP_GE_OQ)) != 0;
+#else
+    int any = 0;
+    for (int j = 0; j < LANES; j++) any |= a[j] >= bound;
+    return any;
+#endif
+}
+
+/* what a thread keeps of a row: its floor, and the ids whose raised logit reached the floor then */
+struct candidates {
+    float floor;
+    int32_t count; /* past CANDIDATES: too many, the row is computed exactly */
+    int32_t ids[CANDIDATES];
+    float ceilings[CANDIDATES];
+};
+
+/* keeps the candidates that still reach the floor; false if that leaves no room */
+static int make_room(struct candidates *row)
+{
+    int32_t kept = 0;
+    for (int32_t c = 0; c < row->count; c++)
+        if (row->ceilings[c] >= row->floor) {
+            row->ids[kept] = row->ids[c];
+            row->ceilings[kept++] = row->ceilings[c];
+        }
+    row->count = kept;
+    return kept < CANDIDATES;
+}
+
+/* a panel's scales and bounds, its low and high half (greedy_head.py's `bounds`, in that order) */
+struct panel_bounds {
+    floats scale[2], error_norm[2], error_max[2], rounding[2];
+};
+
+/* a hidden row's norm and sum of magnitudes, rounded up: the bounds scale with them */
+struct magnitudes {
+    float norm, sum;
+};
+
+/* a panel's screened logits for one row (ids `first_id` on), raised and lowered by their bounds */
+static inline __attribute__((always_inline)) void screen(const floats sums[2], const struct panel_bounds *bounds,
+                                                         struct magnitudes x, int64_t first_id, int64_t vocab_size,
+                                                         struct candidates *row)
+{
+    floats ceiling[2], floor[2];
+    for (int h = 0; h < 2; h++) {
+        const floats logit = sums[h] * bounds->scale[h];
+        const floats margin = min_lanes(bounds->error_norm[h] * x.norm, bounds->error_max[h] * x.sum) +
+                              bounds->rounding[h] * x.norm;
+        ceiling[h] = logit + margin;
+        floor[h] = logit - margin;
+    }
+    /* ids past the vocabulary: zeros in the panels, a bound of 0, and -inf here */
+    if (first_id + 2 * LANES > vocab_size)
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < LANES; j++)
+                if (first_id + h * LANES + j >= vocab_size) ceiling[h][j] = floor[h][j] = -INFINITY;
+    /* past the first panels the floor seldom rises, and few lanes reach it */
+    if (any_reaches(floor[0], row->floor) || any_reaches(floor[1], row->floor)) {
+        const float top = max_lane(floor[0]) > max_lane(floor[1]) ? max_lane(floor[0]) : max_lane(floor[1]);
+        row->floor = top > row->floor ? top : row->floor;
+    }
+    if (!(any_reaches(ceiling[0], row->floor) || any_reaches(ceiling[1], row->floor)) || row->count > CANDIDATES)
+        return;
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < LANES; j++) {
+            if (!(ceiling[h][j] >= row->floor)) continue;
+            if (row->count == CANDIDATES && !make_room(row)) {
+                row->count = CANDIDATES + 1;
+                return;
+            }
+            row->ids[row->count] = (int32_t)(first_id + h * LANES + j);
+            row->ceilings[row->count++] = ceiling[h][j];
+        }
+}
+
+/* `num_rows` rows of `hidden` against one panel. Always called with a constant `num_rows` (the
+ * switch in scan): the accumulators then stay in registers, where a count known only at run time
+ * kept them on the stack, loaded and stored at every hidden index. */
+static inline __attribute__((always_inline)) void panel_rows(const float *restrict hidden, const int8_t *panel,
+                                                             int64_t hidden_size, const int num_rows,
+                                                             const struct panel_bounds *bounds,
+                                                             const struct magnitudes *xs, int64_t first_id,
+                                                             int64_t vocab_size, struct candidates *rows)
+{
+    floats acc[ROWS][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < num_rows; i++) acc[i][0] = acc[i][1] = (floats){0};
     for (int64_t k = 0; k < hidden_size; k++) {
-        floats low, high;
-        load(panel, k, is_bf16, &low, &high);
+        const floats low = widen(panel + 2 * k * LANES), high = widen(panel + (2 * k + 1) * LANES);
+#pragma GCC unroll 8
         for (int i = 0; i < num_rows; i++) {
             const float value = hidden[i * hidden_size + k];
             acc[i][0] += value * low;
             acc[i][1] += value * high;
         }
     }
+    for (int i = 0; i < num_rows; i++) screen(acc[i], bounds, xs[i], first_id, vocab_size, &rows[i]);
 }
 
-static inline __attribute__((always_inline)) void scan(const float *restrict hidden, const void *panels,
-                                                       int64_t num_rows, int64_t vocab_size, int64_t hidden_size,
-                                                       int is_bf16, int64_t num_panels, float best[CHUNK],
-                                                       int64_t best_ids[CHUNK])
+/* this thread's share of the panels, ROWS rows at a time. Widening a panel once for all rows,
+ * into a buffer of floats, took 1.3-1.4x the time at 32-40 rows: the buffer's vectors did not
+ * stay in registers; widened again for each ROWS, 32-40 rows take what the bfloat16 panels took. */
+static void scan(const float *restrict hidden, const int8_t *panels, const float *bounds, const struct magnitudes *xs,
+                 int64_t num_rows, int64_t vocab_size, int64_t hidden_size, struct candidates *rows)
 {
-    floats lane_best[CHUNK][2];
-    ints lane_ids[CHUNK][2], lane;
-    for (int j = 0; j < LANES; j++) lane[j] = j;
-    for (int64_t i = 0; i < num_rows; i++)
-        for (int h = 0; h < 2; h++) {
-            lane_best[i][h] = (floats){0};
-            lane_ids[i][h] = (ints){0} - 1;
-        }
-    const int64_t panel_size = 2 * LANES * hidden_size;
-    /* monotonic: a thread's runs come in rising order, so ids still rise along each lane */
-#pragma omp for schedule(monotonic : dynamic, TASK_PANELS) nowait
+    const int64_t num_panels = (vocab_size + 2 * LANES - 1) / (2 * LANES), padded = 2 * LANES * num_panels;
+#pragma omp for schedule(dynamic, TASK_PANELS) nowait
     for (int64_t p = 0; p < num_panels; p++) {
-        const ints ids[2] = {lane + (int32_t)(2 * p * LANES), lane + (int32_t)((2 * p + 1) * LANES)};
-        const ints in_vocab[2] = {ids[0] < (int32_t)vocab_size, ids[1] < (int32_t)vocab_size};
-        const void *panel = is_bf16 ? (const void *)((const uint16_t *)panels + p * panel_size)
-                                    : (const void *)((const float *)panels + p * panel_size);
+        const int64_t first_id = 2 * p * LANES;
+        const int8_t *panel = panels + p * 2 * LANES * hidden_size;
+        struct panel_bounds panel_bounds;
+        memcpy(panel_bounds.scale, bounds + first_id, sizeof panel_bounds.scale);
+        memcpy(panel_bounds.error_norm, bounds + padded + first_id, sizeof panel_bounds.error_norm);
+        memcpy(panel_bounds.error_max, bounds + 2 * padded + first_id, sizeof panel_bounds.error_max);
+        memcpy(panel_bounds.rounding, bounds + 3 * padded + first_id, sizeof panel_bounds.rounding);
         for (int64_t first = 0; first < num_rows; first += ROWS) {
-            const int rows = num_rows - first < ROWS ? (int)(num_rows - first) : ROWS;
-            floats acc[ROWS][2];
-            dot_panel(hidden + first * hidden_size, panel, hidden_size, rows, is_bf16, acc);
-            for (int i = 0; i < rows; i++)
-                for (int h = 0; h < 2; h++) {
-                    floats *b = &lane_best[first + i][h];
-                    ints *b_ids = &lane_ids[first + i][h];
-                    const floats a = acc[i][h];
-                    /* ids rise along a lane, so a later logit takes the lane only if strictly
-                     * greater, or NaN over a number */
-                    const ints takes = in_vocab[h] & ((*b_ids < 0) | (a > *b) | ((a != a) & (*b == *b)));
-                    *b = select_floats(takes, a, *b);
-                    *b_ids = select_ints(takes, ids[h], *b_ids);
-                }
+#define PANEL_ROWS(n)                                                                                              \
+    case n:                                                                                                        \
+        panel_rows(hidden + first * hidden_size, panel, hidden_size, n, &panel_bounds, xs + first, first_id,       \
+                   vocab_size, rows + first);                                                                      \
+        break;
+            switch (num_rows - first < ROWS ? (int)(num_rows - first) : ROWS) {
+                PANEL_ROWS(1)
+                PANEL_ROWS(2)
+                PANEL_ROWS(3)
+                PANEL_ROWS(4)
+#if ROWS == 8
+                PANEL_ROWS(5)
+                PANEL_ROWS(6)
+                PANEL_ROWS(7)
+                PANEL_ROWS(8)
+#endif
+            }
+#undef PANEL_ROWS
         }
-    }
-    for (int64_t i = 0; i < num_rows; i++) {
-        best[i] = 0.f;
-        best_ids[i] = -1;
-        for (int h = 0; h < 2; h++)
-            for (int j = 0; j < LANES; j++)
-                if (lane_ids[i][h][j] >= 0 && beats(lane_best[i][h][j], lane_ids[i][h][j], best[i], best_ids[i])) {
-                    best[i] = lane_best[i][h][j];
-                    best_ids[i] = lane_ids[i][h][j];
-                }
     }
 }
 
-/* token_ids[r] = argmax over the vocabulary of hidden[r] . lm_head[v], for r < num_rows. `panels`:
- * the LM head as [vocab_size / (2 x LANES), hidden_size, 2 x LANES], bfloat16 with a panel's low
- * and high rows interleaved, or float32 with them one after the other; zeros past the vocabulary. */
-void greedy_head(const float *hidden, const void *panels, int64_t *token_ids, int64_t is_bf16, int64_t num_rows,
+/* the highest floor of the threads' for a row, and whether one of them kept too many candidates */
+static float floor_of(const struct candidates *kept, int64_t stride, int num_threads, int *overflowed)
+{
+    float floor = -INFINITY;
+    *overflowed = 0;
+    for (int t = 0; t < num_threads; t++) {
+        *overflowed |= kept[t * stride].count > CANDIDATES;
+        floor = kept[t * stride].floor > floor ? kept[t * stride].floor : floor;
+    }
+    return floor;
+}
+
+/* the id that the threads' candidates under `floor` leave for the row, computed exactly */
+static int64_t pick(const float *hidden, const float *weight, int64_t hidden_size, const struct candidates *kept,
+                    int64_t stride, int num_threads, float floor)
+{
+    float best = 0.f;
+    int64_t best_id = -1;
+    for (int t = 0; t < num_threads; t++) {
+        const struct candidates *row = &kept[t * stride];
+        for (int32_t c = 0; c < row->count; c++) {
+            if (!(row->ceilings[c] >= floor)) continue;
+            const float value = exact_logit(hidden, weight, row->ids[c], hidden_size);
+            if (beats(value, row->ids[c], best, best_id)) {
+                best = value;
+                best_id = row->ids[c];
+            }
+        }
+    }
+    return best_id;
+}
+
+/* one pass of the screen over `rows` rows on up to `team` threads, each thread's candidates
+ * starting from `floors` */
+static int screen_rows(const float *hidden, const int8_t *panels, const float *bounds, const struct magnitudes *xs,
+                       const float *floors, int64_t rows, int64_t vocab_size, int64_t hidden_size,
+                       struct candidates *kept, int64_t stride, int team)
+{
+    int num_threads = 1;
+#pragma omp parallel num_threads(team)
+    {
+        const int t = omp_get_thread_num();
+        if (t == 0) num_threads = omp_get_num_threads();
+        struct candidates *mine = kept + t * stride;
+        for (int64_t i = 0; i < rows; i++) {
+            mine[i].floor = floors[i];
+            mine[i].count = 0;
+        }
+        scan(hidden, panels, bounds, xs, rows, vocab_size, hidden_size, mine);
+    }
+    return num_threads;
+}
+
+/* the bytes of the candidates `greedy_head` keeps for `num_rows` rows on each thread */
+int64_t greedy_head_workspace(int64_t num_rows)
+{
+    return (int64_t)sizeof(struct candidates) * (num_rows < CHUNK ? num_rows : CHUNK);
+}
+
+/* token_ids[r] = argmax over the vocabulary of hidden[r] . weight[v], for r < num_rows; `weight`
+ * [vocab_size, hidden_size] is the LM head, and `panels` and `bounds` its screen (greedy_head.py),
+ * zeros past the vocabulary, used where `screened`; `workspace`: greedy_head_workspace's bytes
+ * for each of `team` threads, the most the screen runs on. The caller names the team it sized the
+ * workspace for, rather than this reading OpenMP's thread count again, which another thread's
+ * torch.set_num_threads may have changed in between. */
+void greedy_head(const float *hidden, const float *weight, const int8_t *panels, const float *bounds,
+                 void *workspace, int64_t team, int64_t *token_ids, int64_t screened, int64_t num_rows,
                  int64_t vocab_size, int64_t hidden_size)
 {
-    const int64_t num_panels = (vocab_size + 2 * LANES - 1) / (2 * LANES);
-    const int max_threads = omp_get_max_threads();
-    float (*best)[CHUNK] = __builtin_alloca(sizeof(float[CHUNK]) * max_threads);
-    int64_t (*best_ids)[CHUNK] = __builtin_alloca(sizeof(int64_t[CHUNK]) * max_threads);
+    if (!screened) {
+        for (int64_t r = 0; r < num_rows; r++)
+            token_ids[r] = exact_pick(hidden + r * hidden_size, weight, vocab_size, hidden_size);
+        return;
+    }
+    /* a thread's rows of a chunk side by side */
+    const int64_t stride = num_rows < CHUNK ? num_rows : CHUNK;
+    struct candidates *kept = workspace;
+    struct magnitudes xs[CHUNK];
     for (int64_t first = 0; first < num_rows; first += CHUNK) {
         const int64_t rows = num_rows - first < CHUNK ? num_rows - first : CHUNK;
-        int num_threads = 1;
-#pragma omp parallel num_threads(max_threads)
-        {
-            const int t = omp_get_thread_num();
-            if (t == 0) num_threads = omp_get_num_threads();
-            if (is_bf16)
-                scan(hidden + first * hidden_size, panels, rows, vocab_size, hidden_size, 1, num_panels, best[t],
-                     best_ids[t]);
-            else
-                scan(hidden + first * hidden_size, panels, rows, vocab_size, hidden_size, 0, num_panels, best[t],
-                     best_ids[t]);
-        }
-        /* a thread's best may come from any of its runs: ties go to the lower id (beats) */
+        const float *chunk = hidden + first * hidden_size;
         for (int64_t i = 0; i < rows; i++) {
-            float value = 0.f;
-            int64_t id = -1;
-            for (int t = 0; t < num_threads; t++)
-                if (best_ids[t][i] >= 0 && beats(best[t][i], best_ids[t][i], value, id)) {
-                    value = best[t][i];
-                    id = best_ids[t][i];
-                }
-            token_ids[first + i] = id;
+            double squares = 0., sum = 0.;
+            for (int64_t k = 0; k < hidden_size; k++) {
+                const double value = chunk[i * hidden_size + k];
+                squares += value * value;
+                sum += fabs(value);
+            }
+            xs[i].norm = nextafterf((float)sqrt(squares), INFINITY);
+            xs[i].sum = nextafterf((float)sum, INFINITY);
+        }
+        float floors[CHUNK];
+        for (int64_t i = 0; i < rows; i++) floors[i] = -INFINITY;
+        const int num_threads = screen_rows(chunk, panels, bounds, xs, floors, rows, vocab_size, hidden_size, kept,
+                                            stride, team);
+        int overflowed[CHUNK];
+        for (int64_t i = 0; i < rows; i++) {
+            floors[i] = floor_of(kept + i, stride, num_threads, &overflowed[i]);
+            token_ids[first + i] = -1;
+            if (isfinite(xs[i].sum) && !overflowed[i])
+                token_ids[first + i] = pick(chunk + i * hidden_size, weight, hidden_size, kept + i, stride, num_threads,
+                                            floors[i]);
+        }
+        /* a thread met too many candidates before its floor rose: the row again, its floor known
+         * from the start, so that only the ids that reach it are kept (the workspace is free now) */
+        for (int64_t i = 0; i < rows; i++) {
+            const float *row = chunk + i * hidden_size;
+            if (isfinite(xs[i].sum) && overflowed[i]) {
+                const int again = screen_rows(row, panels, bounds, xs + i, &floors[i], 1, vocab_size, hidden_size,
+                                              kept, 1, team);
+                int still;
+                floor_of(kept, 1, again, &still);
+                if (!still) token_ids[first + i] = pick(row, weight, hidden_size, kept, 1, again, floors[i]);
+            }
+            if (token_ids[first + i] < 0) token_ids[first + i] = exact_pick(row, weight, vocab_size, hidden_size);
         }
     }
 }

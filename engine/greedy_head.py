@@ -1,45 +1,50 @@
-"""The LM head and a greedy pick in one pass on CPU in float32: greedy_head.c, built with the
-engine's other kernels (kernels.py).
+"""The LM head and a greedy pick on CPU in float32: greedy_head.c, built with the engine's other
+kernels (kernels.py).
 
 A greedy step needs only the index of each row's largest logit. oneDNN writes all of them and
 argmax reads them back: on the demo model (151,936 x 128) that is 6.9 ms at 8 rows and 15.3 ms at
-40 (2 cores, AMD EPYC); the fused pass takes 1.6 and 8.7 ms. Panels of two vectors a hidden index
-(greedy_head.c) took 0.74-0.80x the time of panels of one at 24-40 rows, the rows of a step with
-draft tokens, and 0.86-0.91x at 8-16 (2 cores, Intel Xeon with AVX-512, both in one process).
-A step of a few rows is bound by
-reading the LM head, so it is kept in bfloat16 where that holds every value exactly: a bfloat16
-checkpoint run in float32, as transformers runs it, computes the same products from half the bytes
-(78 MB of the demo's LM head become 39 MB). The panels are a copy of the LM head: its float32
-size again, or half of it in bfloat16.
-Logits sum in hidden order, another order than oneDNN's, as oneDNN's is than MKL's: greedy
-outputs still match transformers' token for token (tests/engine/test_parity.py).
+40 (2 cores, AMD EPYC); a pass that keeps each row's running maximum took 1.6 and 8.7 ms. Such a
+step is bound by reading the LM head, and under the app's load more so (the demo's in bfloat16,
+39 MB, took 6-12 ms a step on the peer workload; 2-8 ms idle), so the pass reads an 8-bit copy
+of it, a quarter of float32's bytes (the demo's 19 MB, SmolLM2's 28 MB against 113), which rules
+out every id but a few; those few are computed exactly from the LM head itself. The greedy token
+is the one exact float32 logits give, bit for bit the pick of a full pass in float32: its logits
+sum in hidden order, another order than oneDNN's, as oneDNN's is than MKL's, and greedy outputs
+still match transformers' token for token (tests/engine/test_parity.py).
 """
 
 import torch
 
 from . import kernels
 
+# the screen's rounding: each vocabulary row scaled to [-QUANT_MAX, QUANT_MAX]
+QUANT_MAX = 127
+# float32's unit roundoff
+UNIT_ROUNDOFF = 2.0**-24
+# vocabulary rows the screen is computed for at a time
+SLICE_ROWS = 4096
+
 
 class GreedyHead:
-    """`head(hidden)`: the greedy token of each row of `hidden` [rows, hidden_size] under `weight`."""
+    """`head(hidden)`: the greedy token of each row of `hidden` [rows, hidden_size] under `weight`,
+    the LM head [vocab_size, hidden_size], which it keeps a reference to (no copy)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         library = kernels.library()
         assert library is not None and weight.dtype == torch.float32 and weight.device.type == "cpu"
         self._library = library
+        self.weight = weight.contiguous()
         self.vocab_size, self.hidden_size = weight.shape
-        narrow = weight.bfloat16()
-        self.is_bf16 = torch.equal(narrow.float(), weight)
-        values = narrow.view(torch.int16) if self.is_bf16 else weight
+        # a value that is not finite has no bound: every row is then computed exactly
+        self.screened = bool(torch.isfinite(weight).all())
         lanes = library.greedy_head_lanes()
-        padding = values.new_zeros(-self.vocab_size % (2 * lanes), self.hidden_size)
-        # panel p holds vocabulary rows [2p * lanes, (2p + 2) * lanes), a low and a high half of
-        # `lanes` rows, hidden index by hidden index: [panel, half, lane, hidden] becomes
-        # [panel, hidden, lane, half] in bfloat16 (a 32-bit word holds both halves' values of a
-        # lane) and [panel, hidden, half, lane] in float32
-        halves = torch.cat([values, padding]).view(-1, 2, lanes, self.hidden_size)
-        order = (0, 3, 2, 1) if self.is_bf16 else (0, 3, 1, 2)
-        self.panels = halves.permute(order).contiguous()
+        if self.screened:
+            padding = weight.new_zeros(-self.vocab_size % (2 * lanes), self.hidden_size)
+            self.panels, self.bounds = _screen(torch.cat([weight, padding]), lanes)
+        else:  # not read
+            self.panels, self.bounds = weight.new_empty(0, dtype=torch.int8), weight.new_empty(0)
+        # the candidates the kernel keeps, grown to the most rows and threads a call has had
+        self._workspace = torch.empty(0, dtype=torch.uint8)
 
     @staticmethod
     def serves(weight: torch.Tensor) -> bool:
@@ -50,13 +55,52 @@ class GreedyHead:
         assert hidden.dtype == torch.float32 and hidden.shape[1] == self.hidden_size
         hidden = hidden.contiguous()
         token_ids = torch.empty(len(hidden), dtype=torch.long)
+        threads = torch.get_num_threads()
+        per_thread = self._library.greedy_head_workspace(len(hidden))
+        if len(self._workspace) < per_thread * threads:
+            self._workspace = torch.empty(per_thread * threads, dtype=torch.uint8)
         self._library.greedy_head(
             hidden.data_ptr(),
+            self.weight.data_ptr(),
             self.panels.data_ptr(),
+            self.bounds.data_ptr(),
+            self._workspace.data_ptr(),
+            threads,
             token_ids.data_ptr(),
-            self.is_bf16,
+            self.screened,
             len(hidden),
             self.vocab_size,
             self.hidden_size,
         )
         return token_ids
+
+
+def _screen(weight: torch.Tensor, lanes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The 8-bit screen of `weight` (its rows a whole number of panels): the panels, and each
+    row's scale and bounds [4, rows]: scale, error norm, largest error, rounding.
+
+    Panel p holds vocabulary rows [2p * lanes, (2p + 2) * lanes), a low and a high half of `lanes`
+    rows, hidden index by hidden index: [panel, half, lane, hidden] becomes [panel, hidden, half,
+    lane]. A row's screened logit, its sum over the hidden row x times its scale, lies within
+    min(|x| * error norm, sum |x_k| * largest error) + |x| * rounding of the exact float32 one:
+    the row's rounding error against x (Cauchy-Schwarz, or Hoelder with the largest error), and
+    both float32 sums' rounding, at most (hidden_size + 1) roundoffs of |x| times the norm of what
+    each multiplies (and a few more for the kernel's additions). Each bound is raised by 0.1%
+    against the kernel's own float32 products.
+    """
+    hidden_size = weight.shape[1]
+    quantized = torch.empty(weight.shape, dtype=torch.int8)
+    bounds = torch.empty(4, len(weight))
+    # in float64, a slice at a time: the demo's whole LM head at once took 0.8 s, in slices 0.3 s
+    for start in range(0, len(weight), SLICE_ROWS):
+        rows = weight[start : start + SLICE_ROWS].double()
+        scale = (rows.abs().amax(dim=1) / QUANT_MAX).float().double()  # float32 values, as the kernel has them
+        scale[scale == 0] = 1.0
+        values = torch.round(rows / scale[:, None]).clamp_(-QUANT_MAX, QUANT_MAX)
+        error = rows - values * scale[:, None]
+        rounding = (hidden_size + 8) * UNIT_ROUNDOFF * (scale * values.norm(dim=1) + rows.norm(dim=1))
+        margins = torch.stack([error.norm(dim=1), error.abs().amax(dim=1), rounding]) * (1 + 1e-3)
+        bounds[:, start : start + SLICE_ROWS] = torch.cat([scale[None], margins])
+        quantized[start : start + SLICE_ROWS] = values
+    panels = quantized.view(-1, 2, lanes, hidden_size).permute(0, 3, 1, 2).contiguous()
+    return panels, bounds

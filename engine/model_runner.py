@@ -70,7 +70,7 @@ class ModelRunner:
         self.paged_kernel = paged_kernel.serves(
             self.device, self.dtype, model.arch.num_heads, model.arch.head_dim, config.block_size
         )
-        # steps whose every row is greedy pick from the LM head in one pass where the kernel serves
+        # steps whose every row is greedy pick from the LM head without logits where the kernel serves
         lm_head = model.lm_head_weight
         self.greedy_head = GreedyHead(lm_head) if GreedyHead.serves(lm_head) else None
         num_layers, num_kv_heads, head_dim = model.arch.num_layers, model.arch.num_kv_heads, model.arch.head_dim

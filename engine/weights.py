@@ -31,10 +31,13 @@ def build_model(arch: Architecture, path: Path, device: torch.device, dtype: tor
     with torch.device("meta"):
         model = CausalLM(arch)
     # Each parameter allocated anew, not by to_empty: its empty_like on the meta device imports
-    # torch's symbolic shapes and sympy, 0.85 s of every engine's start on 2 cores.
+    # torch's symbolic shapes and sympy, 0.85 s of every engine's start on 2 cores. Without
+    # gradients: what is computed from a weight outside the steps' inference mode would hold its
+    # autograd graph (the greedy head's screen of SmolLM2's LM head kept 1.7 GB an engine).
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
-            setattr(module, name, nn.Parameter(torch.empty(param.shape, dtype=dtype, device=device)))
+            empty = torch.empty(param.shape, dtype=dtype, device=device)
+            setattr(module, name, nn.Parameter(empty, requires_grad=False))
     load_weights(model, path)
     return model.eval()
 

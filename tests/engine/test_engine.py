@@ -205,6 +205,14 @@ def test_figures_expose_the_engine(engine: LLMEngine) -> None:
     assert figures.dtype == "float32" and figures.is_demo_model is False
 
 
+def test_the_weights_take_no_gradients_and_what_is_built_from_them_keeps_no_graph(engine: LLMEngine) -> None:
+    # the greedy head's screen of a parameter that required them kept its slices' autograd graph:
+    # 1.7 GB an engine for SmolLM2, until the test workers ran out of memory
+    runner = engine.core.runner
+    assert not any(param.requires_grad for param in runner.model.parameters())
+    assert runner.greedy_head is not None and runner.greedy_head.bounds.grad_fn is None
+
+
 def threads_of_each_step(engine: LLMEngine, prompt_length: int) -> tuple[list[tuple[int, int]], list[int]]:
     """Four greedy steps: (tokens, threads) of each step's layers, and the threads of its LM head."""
     runner = engine.core.runner

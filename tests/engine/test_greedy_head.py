@@ -1,4 +1,5 @@
-"""The LM head's greedy pick (greedy_head.c) against torch: logits, then argmax."""
+"""The LM head's greedy pick (greedy_head.c) against torch: logits, then argmax; and the screen
+against the exact pass over the whole vocabulary."""
 
 import pytest
 import torch
@@ -19,9 +20,47 @@ def test_it_picks_what_argmax_picks_over_the_logits(bfloat16: bool, num_rows: in
     if bfloat16:
         weight = weight.bfloat16().float()
     head = GreedyHead(weight)
-    assert head.is_bf16 == bfloat16
+    assert head.screened
     hidden = torch.randn(num_rows, 72, generator=generator)
     assert head(hidden).tolist() == reference(hidden, weight).tolist()
+
+
+def exact(head: GreedyHead, hidden: torch.Tensor) -> list[int]:
+    """The kernel's pick with every row computed exactly over the whole vocabulary."""
+    head.screened = False
+    try:
+        return head(hidden).tolist()
+    finally:
+        head.screened = True
+
+
+@pytest.mark.parametrize("scale", [0.02, 1.0, 50.0])
+def test_the_screen_picks_what_the_exact_pass_picks(scale: float) -> None:
+    # close calls: 2,000 rows, each against a vocabulary whose largest logits are crowded
+    generator = torch.Generator().manual_seed(7)
+    weight = (torch.randn(5000, 64, generator=generator) * scale).bfloat16().float()
+    hidden = torch.randn(2000, 64, generator=generator)
+    head = GreedyHead(weight)
+    assert head(hidden).tolist() == exact(head, hidden)
+
+
+def test_a_row_the_screen_cannot_narrow_is_computed_exactly() -> None:
+    # 3,000 ids a hair apart: more candidates than a thread keeps, even once the floor is known
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(1, 32, generator=generator).repeat(3000, 1)
+    weight[:, 0] += torch.arange(3000) * 1e-6
+    hidden = torch.zeros(2, 32)
+    hidden[:, 0] = 1.0
+    hidden[1] = -hidden[1]
+    assert GreedyHead(weight)(hidden).tolist() == reference(hidden, weight).tolist() == [2999, 0]
+
+
+def test_a_hidden_row_with_an_infinity_is_computed_exactly() -> None:
+    weight = torch.randn(300, 16, generator=torch.Generator().manual_seed(0))
+    hidden = torch.randn(3, 16)
+    hidden[1, 2] = float("inf")
+    hidden[2, 5] = -float("inf")
+    assert GreedyHead(weight)(hidden).tolist() == reference(hidden, weight).tolist()
 
 
 def test_a_tie_goes_to_the_first_index() -> None:

@@ -62,7 +62,6 @@
 #define CANDIDATES 1024
 
 typedef float floats __attribute__((vector_size(LANES * sizeof(float))));
-typedef int32_t ints __attribute__((vector_size(LANES * sizeof(int32_t))));
 typedef int8_t bytes __attribute__((vector_size(LANES)));
 
 int64_t greedy_head_lanes(void) { return LANES; }
@@ -202,7 +201,7 @@ static inline __attribute__((always_inline)) void screen(const floats sums[2], c
                 if (first_id + h * LANES + j >= vocab_size) ceiling[h][j] = floor[h][j] = -INFINITY;
     /* past the first panels the floor seldom rises, and few lanes reach it */
     if (any_reaches(floor[0], row->floor) || any_reaches(floor[1], row->floor)) {
-        const float top = max_lane(floor[0]) > max_lane(floor[1]) ? max_lane(floor[0]) : max_lane(floor[1]);
+        const float low = max_lane(floor[0]), high = max_lane(floor[1]), top = low > high ? low : high;
         row->floor = top > row->floor ? top : row->floor;
     }
     if (!(any_reaches(ceiling[0], row->floor) || any_reaches(ceiling[1], row->floor)) || row->count > CANDIDATES)

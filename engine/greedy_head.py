@@ -39,8 +39,7 @@ class GreedyHead:
         self.screened = bool(torch.isfinite(weight).all())
         lanes = library.greedy_head_lanes()
         if self.screened:
-            padding = weight.new_zeros(-self.vocab_size % (2 * lanes), self.hidden_size)
-            self.panels, self.bounds = _screen(torch.cat([weight, padding]), lanes)
+            self.panels, self.bounds = _screen(weight, lanes)
         else:  # not read
             self.panels, self.bounds = weight.new_empty(0, dtype=torch.int8), weight.new_empty(0)
         # the candidates the kernel keeps, grown to the most rows and threads a call has had
@@ -76,8 +75,9 @@ class GreedyHead:
 
 
 def _screen(weight: torch.Tensor, lanes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The 8-bit screen of `weight` (its rows a whole number of panels): the panels, and each
-    row's scale and bounds [4, rows]: scale, error norm, largest error, rounding.
+    """The 8-bit screen of `weight`, its rows padded with zeros to a whole number of panels: the
+    panels, and each row's scale and bounds [4, padded rows]: scale, error norm, largest error,
+    rounding.
 
     Panel p holds vocabulary rows [2p * lanes, (2p + 2) * lanes), a low and a high half of `lanes`
     rows, hidden index by hidden index: [panel, half, lane, hidden] becomes [panel, hidden, half,
@@ -88,11 +88,12 @@ def _screen(weight: torch.Tensor, lanes: int) -> tuple[torch.Tensor, torch.Tenso
     each multiplies (and a few more for the kernel's additions). Each bound is raised by 0.1%
     against the kernel's own float32 products.
     """
-    hidden_size = weight.shape[1]
-    quantized = torch.empty(weight.shape, dtype=torch.int8)
-    bounds = torch.empty(4, len(weight))
+    vocab_size, hidden_size = weight.shape
+    padded = vocab_size + -vocab_size % (2 * lanes)
+    quantized = torch.zeros(padded, hidden_size, dtype=torch.int8)
+    bounds = torch.zeros(4, padded)
     # in float64, a slice at a time: the demo's whole LM head at once took 0.8 s, in slices 0.3 s
-    for start in range(0, len(weight), SLICE_ROWS):
+    for start in range(0, vocab_size, SLICE_ROWS):
         rows = weight[start : start + SLICE_ROWS].double()
         scale = (rows.abs().amax(dim=1) / QUANT_MAX).float().double()  # float32 values, as the kernel has them
         scale[scale == 0] = 1.0
@@ -100,7 +101,8 @@ def _screen(weight: torch.Tensor, lanes: int) -> tuple[torch.Tensor, torch.Tenso
         error = rows - values * scale[:, None]
         rounding = (hidden_size + 8) * UNIT_ROUNDOFF * (scale * values.norm(dim=1) + rows.norm(dim=1))
         margins = torch.stack([error.norm(dim=1), error.abs().amax(dim=1), rounding]) * (1 + 1e-3)
-        bounds[:, start : start + SLICE_ROWS] = torch.cat([scale[None], margins])
-        quantized[start : start + SLICE_ROWS] = values
+        end = start + len(rows)
+        bounds[:, start:end] = torch.cat([scale[None], margins])
+        quantized[start:end] = values
     panels = quantized.view(-1, 2, lanes, hidden_size).permute(0, 3, 1, 2).contiguous()
     return panels, bounds

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,6 +50,13 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Waits until `condition()` holds: for state that has no event to wait on."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():  # noqa: ASYNC110 - the state is the app's, with no event to wait on
+            await asyncio.sleep(0.01)
 
 
 class Clock:

@@ -22,6 +22,7 @@ from sqlalchemy import inspect, text
 from assistant.reminders import ALIAS, Reminder, ReminderCounts, ReminderError, Reminders, Target
 from assistant.when import When
 from storage import Database
+from tests.support import until
 
 SHANGHAI = ZoneInfo("Asia/Shanghai")
 ANN = Target(channel="feishu", chat_id="oc_team", chat_type="group", thread="om_root", user_id="ou_ann")
@@ -103,13 +104,6 @@ def time_of(when: When) -> datetime:
 
 def every_second(what: str = "drink water") -> When:
     return When(at=None, cron={"second": "*"}, timezone="UTC", what=what)
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 async def test_a_reminder_fires_once_with_its_target_and_text(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from chat.summarizer import SUMMARY_PREFIX
 from engine import SamplingParams, StreamDelta
 from storage import Chat, Database, Message, MessageRepository, SessionRepository
 from tests.chat.chat_support import GREEDY, ManagerFactory, ask, session_of, small_context
+from tests.support import until
 
 pytestmark = pytest.mark.both_databases  # every test here runs on SQLite and on PostgreSQL
 
@@ -319,10 +320,7 @@ def engine_requests(manager: ChatManager) -> int:
 async def engine_finished(manager: ChatManager, reason: str, count: int) -> None:
     """Waits until the engine has ended `count` requests for `reason` (an abort is the engine
     thread's to carry out, after the turn that asked for it has returned)."""
-    deadline = time.monotonic() + 10
-    while manager.engine.figures().activity.finish_reasons.get(reason, 0) < count:
-        assert time.monotonic() < deadline, f"the engine ended fewer than {count} requests for {reason!r}"
-        await asyncio.sleep(0.01)
+    await until(lambda: manager.engine.figures().activity.finish_reasons.get(reason, 0) >= count)
 
 
 async def test_the_engine_starts_on_a_question_while_the_cache_embeds_it_and_a_semantic_hit_stops_it(
@@ -408,10 +406,14 @@ async def test_identical_concurrent_questions_share_one_engine_request(managers:
 
 async def test_a_merged_waiter_leaving_cancels_nothing_for_the_others(managers: ManagerFactory) -> None:
     manager = await managers(cache=False, generation=GREEDY.model_copy(update={"max_tokens": 48}))
-    leaver = manager.turn(Conversation(channel="web", chat_id="leaver"), "Tell me a long story.")
-    stayer = asyncio.create_task(ask(manager, Conversation(channel="web", chat_id="stayer"), "Tell me a long story."))
-    async with aclosing(aiter(leaver)) as texts:  # the client goes away after the first piece
-        async for _ in texts:
+    chats = [Conversation(channel="web", chat_id=chat_id) for chat_id in ("leaver", "stayer")]
+    for chat in chats:  # opened first, as above: a session's creation can outlast the first reply
+        await manager.sessions.open(chat)
+    leaver = manager.turn(chats[0], "Tell me a long story.")
+    stayer = asyncio.create_task(ask(manager, chats[1], "Tell me a long story."))
+    async with aclosing(aiter(leaver)) as texts:  # the client goes away after the first piece,
+        async for _ in texts:  # once both are aboard: leaving before the other boards is no merge
+            await until(lambda: manager.figures().merging.merged > 0 or stayer.done())
             break
     result = await stayer
     assert manager.figures().merging.merged == 1

@@ -4,7 +4,7 @@ request ends gives its place back. The real app, in-process, on a loopback port.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
 import httpx
@@ -13,7 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from settings import Settings
-from tests.support import SHARED_DATA_DIR, free_port
+from tests.support import SHARED_DATA_DIR, free_port, until
 from web.admission import Admission
 from wiring import build_app
 
@@ -43,12 +43,6 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClie
         yield app, http
     server.should_exit = True
     await serving
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # noqa: ASYNC110 - the state is the app's, with no event to wait on
-            await asyncio.sleep(0.01)
 
 
 async def opened(response: Awaitable[httpx.Response]) -> tuple[httpx.Response, AsyncIterator[str]]:

@@ -19,7 +19,9 @@ the last turn with our prefix cache on and off. Decode scaling: the time of a de
 4, 16 and 64 sequences. Decode attention: a decode step of 8 sequences at 256 to 2,048 tokens of
 context, the paged kernel against gathering for SDPA. Greedy head: a decode step of 1, 8 and 32
 sequences on the demo model and on SmolLM2, the greedy pick (an 8-bit screen of the LM head, then
-the few ids left exactly) against oneDNN's logits and argmax. SmolLM2: (a), (b) and (c) again on 16 chat
+the few ids left exactly) against the LM head's logits and argmax. Projection libraries: a decode
+step of 1 and 8 sequences on both models, each projection on the library the engine chose for its
+weight shape as it started (MKL or oneDNN), against oneDNN for all of them. SmolLM2: (a), (b) and (c) again on 16 chat
 prompts framed by the model's own chat template with the app's default system prompt, 8 questions
 alone and 8 after pasted documentation (Python's own module docstrings, cut to 256-1024 tokens); at
 most 64 new tokens, each reply ending at the model's end of turn as in the app. Every variant runs
@@ -52,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine import ChatFormat, EngineConfig, LLMEngine, SamplingParams
 from engine.builtin_models import DEMO_MODEL, SMOLLM2_MODEL, ModelFetchError, ensure_smollm2
 from engine.config import Device, DType
+from engine.model import Linear
 from engine.weights import resolve_device, resolve_dtype
 from settings.sections import ContextSettings
 
@@ -476,20 +479,23 @@ def decode_scaling(path: Path, quick: bool, placement: Placement) -> dict[str, f
 
 
 def alternated_decode_steps(
-    engine: LLMEngine, prompts: list[list[int]], attribute: str, values: tuple[object, object]
+    engine: LLMEngine, prompts: list[list[int]], variants: tuple[Callable[[], None], Callable[[], None]]
 ) -> tuple[tuple[float, float], bool]:
-    """16 decode steps of `prompts` with the runner's `attribute` at `values[0]`, then at
-    `values[1]`, 3 times over: the median seconds a step with each, and whether both gave the same
-    tokens."""
+    """16 decode steps of `prompts` after calling `variants[0]`, then after `variants[1]`, 3 times
+    over: the median seconds a step with each, and whether both gave the same tokens."""
     step_s: dict[int, list[float]] = {0: [], 1: []}
     outputs = {}
     for variant in (0, 1) * 3:
-        setattr(engine.core.runner, attribute, values[variant])
+        variants[variant]()
         num_steps = len(engine.core.metrics.steps)
         outputs[variant] = ours(engine, prompts, Decoding(16, stop_at_eos=False))
         steps = list(engine.core.metrics.steps)[num_steps:]
         step_s[variant] += [s.duration_s for s in steps if s.num_batched_tokens == s.num_seqs == len(prompts)]
     return (statistics.median(step_s[0]), statistics.median(step_s[1])), outputs[0] == outputs[1]
+
+
+def runner_attribute(engine: LLMEngine, name: str, value: object) -> Callable[[], None]:
+    return lambda: setattr(engine.core.runner, name, value)
 
 
 def decode_attention(path: Path, quick: bool, placement: Placement) -> dict:
@@ -511,7 +517,8 @@ def decode_attention(path: Path, quick: bool, placement: Placement) -> dict:
         prompts = [random_tokens(generator, context) for _ in range(8)]
         # the prompts in the prefix cache first, so that every run starts its 8 decodes together
         ours(engine, prompts, Decoding(1, stop_at_eos=False))
-        (kernel_s, gathered_s), same = alternated_decode_steps(engine, prompts, "paged_kernel", (True, False))
+        variants = (runner_attribute(engine, "paged_kernel", True), runner_attribute(engine, "paged_kernel", False))
+        (kernel_s, gathered_s), same = alternated_decode_steps(engine, prompts, variants)
         parity = parity and same
         speedups[str(context)] = round(gathered_s / kernel_s, 2)
         print(f"{context:>10} {kernel_s * 1e3:>10.1f} {gathered_s * 1e3:>10.1f} {gathered_s / kernel_s:>9.2f}x")
@@ -522,8 +529,9 @@ def decode_attention(path: Path, quick: bool, placement: Placement) -> dict:
 
 def greedy_head(data_dir: Path, quick: bool, placement: Placement, models: tuple[str, ...]) -> dict:
     """Decode steps of 1 to 32 sequences, one token each: the LM head and the greedy pick
-    (greedy_head.c: an 8-bit screen, then the few ids left exactly) against oneDNN's logits and
-    argmax, on the demo model and on SmolLM2. One engine each, the two alternated 3 times."""
+    (greedy_head.c: an 8-bit screen, then the few ids left exactly) against the LM head's logits
+    (MKL's or oneDNN's, as the engine chose) and argmax, on the demo model and on SmolLM2. One
+    engine each, the two alternated 3 times."""
     batches = (8,) if quick else (1, 8, 32)
     skipped = f"\ngreedy head: the kernel serves float32 on CPU, built by a C compiler; {placement}: skipped"
     if placement.device.type != "cpu":  # no engine to build
@@ -546,10 +554,56 @@ def greedy_head(data_dir: Path, quick: bool, placement: Placement, models: tuple
         for batch in batches:
             prompts = [random_tokens(generator, 128) for _ in range(batch)]
             ours(engine, prompts, Decoding(1, stop_at_eos=False))
-            (kernel_s, logits_s), same = alternated_decode_steps(engine, prompts, "greedy_head", (head, None))
+            variants = (runner_attribute(engine, "greedy_head", head), runner_attribute(engine, "greedy_head", None))
+            (kernel_s, logits_s), same = alternated_decode_steps(engine, prompts, variants)
             parity = parity and same
             speedups[model][str(batch)] = round(logits_s / kernel_s, 2)
             print(f"{batch:>10} {kernel_s * 1e3:>10.1f} {logits_s * 1e3:>10.1f} {logits_s / kernel_s:>9.2f}x")
+        engine.shutdown()
+    print(f"same tokens either way: {parity}")
+    return {"speedup_by_batch": speedups, "parity": parity}
+
+
+def use_libraries(engine: LLMEngine, projections: list[Linear], rows: list[int], head_rows: int) -> Callable[[], None]:
+    """Sets each projection's `mkl_max_rows` (engine/cpu_linear.py) to `rows`, the LM head's to `head_rows`."""
+    model = engine.core.runner.model
+
+    def set_rows() -> None:
+        for module, most in zip(projections, rows, strict=True):
+            module.mkl_max_rows = most
+        model.lm_head_mkl_max_rows = head_rows
+
+    return set_rows
+
+
+def projection_libraries(data_dir: Path, quick: bool, placement: Placement, models: tuple[str, ...]) -> dict:
+    """Decode steps of 1 and 8 sequences, one token each: every projection on the library the
+    engine chose for its weight shape as it started (engine/cpu_linear.py), against all of them on
+    oneDNN, the code before that choice. One engine each, the two alternated 3 times."""
+    batches = (8,) if quick else (1, 8)
+    if placement.device.type != "cpu" or placement.dtype != torch.float32:
+        print(f"\nprojection libraries: MKL or oneDNN serve float32 on CPU; {placement}: skipped")
+        return {"speedup_by_batch": {}, "parity": True}
+    speedups: dict[str, dict[str, float]] = {}
+    parity = True
+    for model in models:
+        engine = build_engine(model, placement, str(data_dir))
+        causal_lm = engine.core.runner.model
+        projections = [module for module in causal_lm.modules() if isinstance(module, Linear)]
+        rows = [module.mkl_max_rows for module in projections]
+        chosen = use_libraries(engine, projections, rows, causal_lm.lm_head_mkl_max_rows)
+        onednn = use_libraries(engine, projections, [0] * len(projections), 0)
+        generator = torch.Generator().manual_seed(8)
+        print(f"\nprojection libraries, {model}: the engine's choice against oneDNN's alone; median ms a decode step")
+        print(f"{'sequences':>10} {'chosen':>10} {'oneDNN':>10} {'speedup':>10}")
+        speedups[model] = {}
+        for batch in batches:
+            prompts = [random_tokens(generator, 128) for _ in range(batch)]
+            ours(engine, prompts, Decoding(1, stop_at_eos=False))
+            (chosen_s, onednn_s), same = alternated_decode_steps(engine, prompts, (chosen, onednn))
+            parity = parity and same
+            speedups[model][str(batch)] = round(onednn_s / chosen_s, 2)
+            print(f"{batch:>10} {chosen_s * 1e3:>10.1f} {onednn_s * 1e3:>10.1f} {onednn_s / chosen_s:>9.2f}x")
         engine.shutdown()
     print(f"same tokens either way: {parity}")
     return {"speedup_by_batch": speedups, "parity": parity}
@@ -588,6 +642,7 @@ def main() -> None:
         attention = decode_attention(path, args.quick, placement)
     models = (DEMO_MODEL,) if args.no_smollm2 else (DEMO_MODEL, SMOLLM2_MODEL)
     head = greedy_head(args.data_dir, args.quick, placement, models)
+    libraries = projection_libraries(args.data_dir, args.quick, placement, models)
     summary: dict[str, Any] = {
         "placement": str(placement),
         "throughput_vs_hf_sequential": round(speed.vs_sequential, 2),
@@ -600,6 +655,8 @@ def main() -> None:
         "decode_attention_parity": attention["parity"],
         "greedy_head_speedup_by_batch": head["speedup_by_batch"],
         "greedy_head_parity": head["parity"],
+        "projection_libraries_speedup_by_batch": libraries["speedup_by_batch"],
+        "projection_libraries_parity": libraries["parity"],
     }
     if not args.no_smollm2:
         smollm2 = smollm2_throughput(args.data_dir, work, placement, args.profile)

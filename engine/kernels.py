@@ -29,7 +29,7 @@ SOURCES = {"paged_attention.c": ("-ffast-math",), "greedy_head.c": ()}
 COMPILE = ("-c", "-O3", "-march=native", "-fopenmp", "-fPIC")
 LINK = ("-shared", "-fopenmp")
 # what the engine does without them
-FALLBACK = "decode attention gathers the KV blocks for SDPA, a greedy step takes every logit from oneDNN"
+FALLBACK = "decode attention gathers the KV blocks for SDPA, a greedy step takes every logit from the LM head's matmul"
 SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "paged_decode_supports": ([ctypes.c_int64] * 3, ctypes.c_int),
     "paged_decode_attention": (

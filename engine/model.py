@@ -6,6 +6,7 @@ from torch import nn
 
 from .architecture import Architecture
 from .attention import AttentionMetadata, paged_attention, store_kv
+from .cpu_linear import linear
 
 
 class RMSNorm(nn.Module):
@@ -22,24 +23,11 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(input_dtype)
 
 
-# MKL, behind F.linear on CPU, takes a generic path on AMD's cores (MKL_VERBOSE names no AVX
-# level): on this machine's 2-core EPYC, oneDNN computes SmolLM2's projections at 8 rows in 21 ms
-# against 36 ms, at 200 rows in 122 against 270, and its LM head at 8 rows in 4.7 against 13 ms.
-# Both sum in float32, in another order, and greedy outputs still match transformers' token for
-# token (tests/engine/test_parity.py). Float32 only: oneDNN has no bfloat16 inner product on a CPU
-# without AVX512-BF16 ("could not create a primitive descriptor" on that EPYC).
-_ONEDNN = torch.backends.mkldnn.is_available()
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if _ONEDNN and x.is_cpu and x.dtype == torch.float32:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-    return F.linear(x, weight, bias)
-
-
 class Linear(nn.Linear):
+    mkl_max_rows = 0  # see cpu_linear: oneDNN computes every step on a CPU until ModelRunner times both
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.mkl_max_rows)
 
 
 class Embedding(nn.Module):
@@ -227,6 +215,7 @@ class CausalLM(nn.Module):
         self.arch = arch
         self.model = DecoderModel(arch)
         self.lm_head = None if arch.tie_word_embeddings else Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head_mkl_max_rows = 0  # compute_logits' choice, as Linear.mkl_max_rows
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, kv_cache: torch.Tensor
@@ -238,4 +227,4 @@ class CausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(hidden, self.lm_head_weight)
+        return linear(hidden, self.lm_head_weight, mkl_max_rows=self.lm_head_mkl_max_rows)

@@ -6,12 +6,12 @@ import torch
 from numpy.typing import NDArray
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import paged_kernel
+from . import cpu_linear, paged_kernel
 from .attention import AttentionMetadata, DecodeBucket, DecodeRows, PrefillSpan
 from .config import EngineConfig
 from .greedy_head import GreedyHead
 from .kv_pool import cdiv
-from .model import CausalLM
+from .model import CausalLM, Linear
 from .sampler import sample
 from .scheduler import ScheduledBatch
 from .sequence import Sequence
@@ -64,6 +64,8 @@ class ModelRunner:
         self.num_threads = torch.get_num_threads()
         layer = model.model.layers[0]
         self.layer_bytes = sum(param.numel() * param.element_size() for param in layer.parameters())
+        if cpu_linear.ONEDNN and self.device.type == "cpu" and self.dtype == torch.float32:
+            self._choose_linear_libraries()
         self.block_size = config.block_size
         self.num_queries_per_kv = model.arch.num_heads // model.arch.num_kv_heads
         # decodes read the pool in place where the kernel serves; elsewhere buckets gather for SDPA
@@ -127,6 +129,26 @@ class ModelRunner:
         """Gives the KV pool's memory back (the engine has stopped): on a GPU, to the next engine
         in the process, which sizes its pool from what is free."""
         self.kv_cache = self.kv_cache.new_empty(0)
+
+    def _choose_linear_libraries(self) -> None:
+        """Times MKL against oneDNN on each weight shape, on the threads a step of so many rows
+        would give it; the LM head's rows are sampled ones, a few per sequence."""
+        shapes: dict[tuple[int, ...], list[Linear]] = {}
+        for module in self.model.model.modules():
+            if isinstance(module, Linear):
+                shapes.setdefault(tuple(module.weight.shape), []).append(module)
+        chosen = []
+        for shape, modules in shapes.items():
+            most = cpu_linear.mkl_max_rows(modules[0].weight, modules[0].bias, self._layer_threads)
+            for module in modules:
+                module.mkl_max_rows = most
+            chosen.append(f"{shape[1]} -> {shape[0]} {cpu_linear.described(most)}")
+        head = self.model.lm_head_weight
+        most = cpu_linear.mkl_max_rows(head, None, lambda _: self.num_threads, cpu_linear.DECODE_ROWS)
+        self.model.lm_head_mkl_max_rows = most
+        chosen.append(f"LM head {cpu_linear.described(most)}")
+        torch.set_num_threads(self.num_threads)
+        logger.info("projections on the CPU: %s", "; ".join(chosen))
 
     def _layer_threads(self, num_tokens: int) -> int:
         if self.layer_bytes <= SMALL_LAYER_BYTES and num_tokens <= SMALL_LAYER_STEP_TOKENS:

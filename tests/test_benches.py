@@ -63,6 +63,9 @@ def test_engine_bench(smollm2_dir: Path) -> None:
     # the kernel reads the pool in place; the same greedy tokens as gathering the blocks for SDPA
     assert set(figures["decode_attention_kernel_speedup_by_context"]) == {"256"}
     assert figures["decode_attention_parity"] is True
+    # each projection on the library chosen at start, or all on oneDNN: the same greedy tokens
+    assert set(figures["projection_libraries_speedup_by_batch"]["builtin:smollm2-135m-instruct"]) == {"8"}
+    assert figures["projection_libraries_parity"] is True
 
 
 def test_claims_bench() -> None:

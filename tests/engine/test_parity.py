@@ -7,6 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from engine import LLMEngine, RequestOutput, SamplingParams
+from engine.cpu_linear import EVERY_ROW_COUNT
+from engine.model import Linear
 from tests.engine.conftest import PARITY_CONFIGS, Checkpoint, tiny_model
 
 NEW_TOKENS = 32
@@ -133,3 +135,17 @@ def test_greedy_parity_on_the_real_smollm2_weights(smollm2_dir: Path) -> None:
         assert all(o.num_cached_tokens >= len(p) // 16 * 16 for o, p in zip(outputs, first_turns, strict=True))
         # the answers repeat words of the questions and of themselves: drafts were verified too
         assert engine.figures().activity.draft_tokens.accepted > 0
+
+
+@pytest.mark.parametrize("mkl_max_rows", [0, 8, EVERY_ROW_COUNT], ids=["oneDNN", "MKL-up-to-8-rows", "MKL"])
+def test_greedy_parity_whichever_library_computes_the_projections(
+    parity_checkpoint: Checkpoint, mkl_max_rows: int
+) -> None:
+    """The engine times MKL against oneDNN at start, so either may compute any projection."""
+    with LLMEngine.from_pretrained(str(parity_checkpoint.path), max_num_batched_tokens=64) as engine:
+        model = engine.core.runner.model
+        for module in model.modules():
+            if isinstance(module, Linear):
+                module.mkl_max_rows = mkl_max_rows
+        model.lm_head_mkl_max_rows = mkl_max_rows
+        assert_parity(engine, parity_checkpoint, ragged_prompts(parity_checkpoint.hf_model.config.vocab_size, seed=3))

@@ -494,6 +494,28 @@ def alternated_decode_steps(
     return (statistics.median(step_s[0]), statistics.median(step_s[1])), outputs[0] == outputs[1]
 
 
+def decode_steps_by_batch(
+    engine: LLMEngine,
+    batches: tuple[int, ...],
+    variants: tuple[Callable[[], None], Callable[[], None]],
+    labels: tuple[str, str],
+    seed: int,
+) -> tuple[dict[str, float], bool]:
+    """Decode steps of each batch of 128-token prompts with `variants` alternated (a row printed
+    each): how many times faster the first's steps are, by batch, and whether both gave the same tokens."""
+    generator = torch.Generator().manual_seed(seed)
+    print(f"{'sequences':>10} {labels[0]:>10} {labels[1]:>10} {'speedup':>10}")
+    speedups, parity = {}, True
+    for batch in batches:
+        prompts = [random_tokens(generator, 128) for _ in range(batch)]
+        ours(engine, prompts, Decoding(1, stop_at_eos=False))
+        (first_s, second_s), same = alternated_decode_steps(engine, prompts, variants)
+        parity = parity and same
+        speedups[str(batch)] = round(second_s / first_s, 2)
+        print(f"{batch:>10} {first_s * 1e3:>10.1f} {second_s * 1e3:>10.1f} {second_s / first_s:>9.2f}x")
+    return speedups, parity
+
+
 def runner_attribute(engine: LLMEngine, name: str, value: object) -> Callable[[], None]:
     return lambda: setattr(engine.core.runner, name, value)
 
@@ -546,19 +568,11 @@ def greedy_head(data_dir: Path, quick: bool, placement: Placement, models: tuple
             print(skipped)
             engine.shutdown()
             return {"speedup_by_batch": {}, "parity": True}
-        generator = torch.Generator().manual_seed(7)
         kind = "screened in 8 bits" if head.screened else "float32 alone"
         print(f"\ngreedy head, {model}: LM head {head.vocab_size:,} x {head.hidden_size}, {kind}; median ms a step")
-        print(f"{'sequences':>10} {'kernel':>10} {'logits':>10} {'speedup':>10}")
-        speedups[model] = {}
-        for batch in batches:
-            prompts = [random_tokens(generator, 128) for _ in range(batch)]
-            ours(engine, prompts, Decoding(1, stop_at_eos=False))
-            variants = (runner_attribute(engine, "greedy_head", head), runner_attribute(engine, "greedy_head", None))
-            (kernel_s, logits_s), same = alternated_decode_steps(engine, prompts, variants)
-            parity = parity and same
-            speedups[model][str(batch)] = round(logits_s / kernel_s, 2)
-            print(f"{batch:>10} {kernel_s * 1e3:>10.1f} {logits_s * 1e3:>10.1f} {logits_s / kernel_s:>9.2f}x")
+        variants = (runner_attribute(engine, "greedy_head", head), runner_attribute(engine, "greedy_head", None))
+        speedups[model], same = decode_steps_by_batch(engine, batches, variants, ("kernel", "logits"), seed=7)
+        parity = parity and same
         engine.shutdown()
     print(f"same tokens either way: {parity}")
     return {"speedup_by_batch": speedups, "parity": parity}
@@ -593,17 +607,9 @@ def projection_libraries(data_dir: Path, quick: bool, placement: Placement, mode
         rows = [module.mkl_max_rows for module in projections]
         chosen = use_libraries(engine, projections, rows, causal_lm.lm_head_mkl_max_rows)
         onednn = use_libraries(engine, projections, [0] * len(projections), 0)
-        generator = torch.Generator().manual_seed(8)
         print(f"\nprojection libraries, {model}: the engine's choice against oneDNN's alone; median ms a decode step")
-        print(f"{'sequences':>10} {'chosen':>10} {'oneDNN':>10} {'speedup':>10}")
-        speedups[model] = {}
-        for batch in batches:
-            prompts = [random_tokens(generator, 128) for _ in range(batch)]
-            ours(engine, prompts, Decoding(1, stop_at_eos=False))
-            (chosen_s, onednn_s), same = alternated_decode_steps(engine, prompts, (chosen, onednn))
-            parity = parity and same
-            speedups[model][str(batch)] = round(onednn_s / chosen_s, 2)
-            print(f"{batch:>10} {chosen_s * 1e3:>10.1f} {onednn_s * 1e3:>10.1f} {onednn_s / chosen_s:>9.2f}x")
+        speedups[model], same = decode_steps_by_batch(engine, batches, (chosen, onednn), ("chosen", "oneDNN"), seed=8)
+        parity = parity and same
         engine.shutdown()
     print(f"same tokens either way: {parity}")
     return {"speedup_by_batch": speedups, "parity": parity}

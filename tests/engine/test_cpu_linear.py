@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import LLMEngine
-from engine.cpu_linear import EVERY_ROW_COUNT, ROWS, linear
+from engine.cpu_linear import DECODE_ROWS, EVERY_ROW_COUNT, ROWS, linear
 from engine.model import Linear
 from tests.engine.conftest import Checkpoint
 
@@ -56,6 +56,6 @@ def test_an_engine_on_a_cpu_times_each_weight_shape_and_gives_it_one_library(
                 chosen.setdefault(tuple(module.weight.shape), set()).add(module.mkl_max_rows)
     assert len(chosen) == 4  # q/k/v, o, gate/up, down
     assert all(len(rows) == 1 and rows <= {0, *ROWS[:-1], EVERY_ROW_COUNT} for rows in chosen.values())
-    assert model.lm_head_mkl_max_rows in {0, *ROWS[:-2], EVERY_ROW_COUNT}
+    assert model.lm_head_mkl_max_rows in {0, *DECODE_ROWS[:-1], EVERY_ROW_COUNT}
     logged = next(record.getMessage() for record in caplog.records if "projections on the CPU" in record.getMessage())
     assert logged.count(" -> ") == len(chosen) and "LM head" in logged

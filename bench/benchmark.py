@@ -39,6 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import yaml
 from client import ApiClient, RequestFailed, Target
@@ -346,7 +347,7 @@ class Load:
         transcript.append({"role": "user", "content": text})
         try:
             reply = await self.client.chat(transcript)
-        except (RequestFailed, httpx.HTTPError) as exc:
+        except (RequestFailed, aiohttp.ClientError) as exc:
             self.errors.append(f"{script.kind}: {exc!r}")
             return False
         finally:

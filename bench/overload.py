@@ -174,15 +174,13 @@ async def seed_cache(client: ApiClient) -> None:
     question's lookup is embedded. The demo model's answer is cut at max_tokens, and cached as cut:
     it serves the burst's requests for CACHED_QUESTION, which ask for as many tokens."""
     body = {"model": client.model, "messages": [{"role": "user", "content": CACHED_QUESTION}]}
-    response = await client.http.post("/v1/chat/completions", json=body)
-    response.raise_for_status()
+    async with client.http.post(client.url("/v1/chat/completions"), json=body, raise_for_status=True) as response:
+        completion = await response.json()
     for _ in range(100):  # the answer is stored after the reply is sent
         if (await stats(client))["cache"]["entries"]:
             return
         await asyncio.sleep(0.05)
-    raise RuntimeError(
-        f"the seed answer was not cached (finish reason {response.json()['choices'][0]['finish_reason']})"
-    )
+    raise RuntimeError(f"the seed answer was not cached (finish reason {completion['choices'][0]['finish_reason']})")
 
 
 async def request(http: aiohttp.ClientSession, model: str, index: int, burst: Burst) -> None:
@@ -244,9 +242,7 @@ def _idle(engine: dict[str, Any]) -> bool:
 
 
 async def stats(client: ApiClient) -> dict[str, Any]:
-    response = await client.http.get("/admin/api/stats")
-    response.raise_for_status()
-    figures: dict[str, Any] = response.json()
+    figures: dict[str, Any] = await client.get_json("/admin/api/stats")
     return figures
 
 

@@ -12,17 +12,21 @@
  * An exact logit is the float32 dot product in hidden order, one fused multiply-add a step (what
  * the panels of float32 and bfloat16 before this kernel summed, bit for bit).
  *
- * The screen is laid out in panels of 2 x LANES vocabulary rows by hidden index, so that one
- * load brings one hidden index of a panel's rows, widened into two vectors, its low and its high
- * half; a hidden row's screened logits for a panel are 2 x LANES accumulators summed in hidden
- * order, no horizontal sum. For up to CHUNK rows at a time the threads take runs of TASK_PANELS
- * panels from a shared counter, each keeping each row's highest lowered logit (its floor) and
- * the ids that reach it. A row for which a thread met more than CANDIDATES before its floor rose
- * is screened again from the row's final floor; one with more even then, or whose hidden values
- * are not all finite, is computed exactly over the whole vocabulary; so is every row of an LM
- * head that holds a value that is not finite (`screened` 0). Ties and NaN go as torch.argmax has
- * them: the first maximal index wins, and a NaN is maximal. Built without -ffast-math, which
- * would drop the NaN tests and let the exact sums reassociate. */
+ * With AVX512-VNNI (GROUP 4) the hidden row is rounded to 8 bits too, in steps of its largest
+ * magnitude / 127, and its rounding error bounded likewise against the rounded LM head's rows
+ * (their norms and sums of magnitudes); the screened sums are then whole numbers.
+ *
+ * The screen is laid out in panels of 2 x LANES vocabulary rows by GROUP hidden indices, so that
+ * one load brings GROUP hidden indices of a panel's rows, widened into two vectors (or multiplied
+ * four at a time with VNNI), its low and its high half; a hidden row's screened logits for a panel
+ * are 2 x LANES accumulators summed in hidden order, no horizontal sum. For up to CHUNK rows at a
+ * time the threads take runs of TASK_PANELS panels from a shared counter, each keeping each row's
+ * highest lowered logit (its floor) and the ids that reach it. A row for which a thread met more
+ * than CANDIDATES before its floor rose is screened again from the row's final floor; one with
+ * more even then, or whose hidden values are not all finite, is computed exactly over the whole
+ * vocabulary; so is every row of an LM head that holds a value that is not finite (`screened` 0).
+ * Ties and NaN go as torch.argmax has them: the first maximal index wins, and a NaN is maximal.
+ * Built without -ffast-math, which would drop the NaN tests and let the exact sums reassociate. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -60,11 +64,25 @@
  * the whole pass (median 1); a thread keeps more on the way, the ids that reached its floor
  * before it rose */
 #define CANDIDATES 1024
+/* hidden indices a lane of a panel holds side by side. With AVX512-VNNI the screen multiplies four
+ * 8-bit values at once into a 32-bit sum (vpdpbusd), the hidden row rounded to 8 bits as the LM
+ * head is: the demo's LM head at 8 / 40 rows took 0.44x / 0.33x the time of widening each value
+ * to a float for an FMA (2 threads, Intel Xeon). Without it, one value a lane, widened. */
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+#define GROUP 4
+#define QUANT_MAX 127.f /* as the LM head's rounding (greedy_head.py) */
+typedef uint8_t screened_value; /* the hidden row's 8-bit rounding, offset by 128 into vpdpbusd's unsigned bytes */
+#else
+#define GROUP 1
+typedef float screened_value; /* the hidden row itself */
+#endif
 
 typedef float floats __attribute__((vector_size(LANES * sizeof(float))));
 typedef int8_t bytes __attribute__((vector_size(LANES)));
 
 int64_t greedy_head_lanes(void) { return LANES; }
+
+int64_t greedy_head_group(void) { return GROUP; }
 
 /* whether (value, id) comes before (best, best_id) in torch.argmax's order */
 static int beats(float value, int64_t id, float best, int64_t best_id)
@@ -171,14 +189,20 @@ static int make_room(struct candidates *row)
     return kept < CANDIDATES;
 }
 
-/* a panel's scales and bounds, its low and high half (greedy_head.py's `bounds`, in that order) */
+/* a panel's scales and bounds, its low and high half (greedy_head.py's `bounds`, in that order);
+ * `offsets`: 128 times each row's sum of 8-bit values, what the hidden row's offset adds */
 struct panel_bounds {
-    floats scale[2], error_norm[2], error_max[2], rounding[2];
+    floats scale[2], error_norm[2], error_max[2], rounding[2], weight_norm[2], weight_sum[2];
+#if GROUP == 4
+    __m512i offsets[2];
+#endif
 };
 
-/* a hidden row's norm and sum of magnitudes, rounded up: the bounds scale with them */
+/* a hidden row's norm and sum of magnitudes, rounded up: the bounds scale with them; where the
+ * screen reads the row rounded to 8 bits, the step of that rounding and its error's norm and
+ * largest magnitude (rounded up), else 1 and 0 */
 struct magnitudes {
-    float norm, sum;
+    float norm, sum, step, error_norm, error_max;
 };
 
 /* a panel's screened logits for one row (ids `first_id` on), raised and lowered by their bounds */
@@ -188,9 +212,12 @@ static inline __attribute__((always_inline)) void screen(const floats sums[2], c
 {
     floats ceiling[2], floor[2];
     for (int h = 0; h < 2; h++) {
-        const floats logit = sums[h] * bounds->scale[h];
+        const floats logit = sums[h] * (bounds->scale[h] * x.step);
+        /* the LM head's rounding against the hidden row, the hidden row's against the rounded LM
+         * head, and the float32 roundings of both passes */
         const floats margin = min_lanes(bounds->error_norm[h] * x.norm, bounds->error_max[h] * x.sum) +
-                              bounds->rounding[h] * x.norm;
+                              min_lanes(bounds->weight_norm[h] * x.error_norm, bounds->weight_sum[h] * x.error_max) +
+                              bounds->rounding[h] * (x.norm + x.error_norm);
         ceiling[h] = logit + margin;
         floor[h] = logit - margin;
     }
@@ -221,47 +248,80 @@ static inline __attribute__((always_inline)) void screen(const floats sums[2], c
 /* `num_rows` rows of `hidden` against one panel. Always called with a constant `num_rows` (the
  * switch in scan): the accumulators then stay in registers, where a count known only at run time
  * kept them on the stack, loaded and stored at every hidden index. */
-static inline __attribute__((always_inline)) void panel_rows(const float *restrict hidden, const int8_t *panel,
-                                                             int64_t hidden_size, const int num_rows,
+static inline __attribute__((always_inline)) void panel_rows(const screened_value *restrict x, const int8_t *panel,
+                                                             int64_t num_groups, const int num_rows,
                                                              const struct panel_bounds *bounds,
                                                              const struct magnitudes *xs, int64_t first_id,
                                                              int64_t vocab_size, struct candidates *rows)
 {
+    const int64_t x_stride = num_groups * GROUP;
+#if GROUP == 4
+    __m512i acc[ROWS][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < num_rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+    for (int64_t g = 0; g < num_groups; g++) {
+        const __m512i low = _mm512_loadu_si512(panel + 2 * g * LANES * GROUP),
+                      high = _mm512_loadu_si512(panel + (2 * g + 1) * LANES * GROUP);
+#pragma GCC unroll 8
+        for (int i = 0; i < num_rows; i++) {
+            int32_t values;
+            memcpy(&values, x + i * x_stride + g * GROUP, sizeof values);
+            const __m512i value = _mm512_set1_epi32(values);
+            acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], value, low);
+            acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], value, high);
+        }
+    }
+    for (int i = 0; i < num_rows; i++) {
+        /* whole numbers, exact in float32 below 2^24 (a hidden size up to 1,040), else rounded once */
+        const floats sums[2] = {(floats)_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][0], bounds->offsets[0])),
+                                (floats)_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][1], bounds->offsets[1]))};
+        screen(sums, bounds, xs[i], first_id, vocab_size, &rows[i]);
+    }
+#else
     floats acc[ROWS][2];
 #pragma GCC unroll 8
     for (int i = 0; i < num_rows; i++) acc[i][0] = acc[i][1] = (floats){0};
-    for (int64_t k = 0; k < hidden_size; k++) {
+    for (int64_t k = 0; k < num_groups; k++) {
         const floats low = widen(panel + 2 * k * LANES), high = widen(panel + (2 * k + 1) * LANES);
 #pragma GCC unroll 8
         for (int i = 0; i < num_rows; i++) {
-            const float value = hidden[i * hidden_size + k];
+            const float value = x[i * x_stride + k];
             acc[i][0] += value * low;
             acc[i][1] += value * high;
         }
     }
     for (int i = 0; i < num_rows; i++) screen(acc[i], bounds, xs[i], first_id, vocab_size, &rows[i]);
+#endif
 }
 
 /* this thread's share of the panels, ROWS rows at a time. Widening a panel once for all rows,
  * into a buffer of floats, took 1.3-1.4x the time at 32-40 rows: the buffer's vectors did not
  * stay in registers; widened again for each ROWS, 32-40 rows take what the bfloat16 panels took. */
-static void scan(const float *restrict hidden, const int8_t *panels, const float *bounds, const struct magnitudes *xs,
-                 int64_t num_rows, int64_t vocab_size, int64_t hidden_size, struct candidates *rows)
+static void scan(const screened_value *restrict x, const int8_t *panels, const float *bounds,
+                 const struct magnitudes *xs, int64_t num_rows, int64_t vocab_size, int64_t num_groups,
+                 struct candidates *rows)
 {
     const int64_t num_panels = (vocab_size + 2 * LANES - 1) / (2 * LANES), padded = 2 * LANES * num_panels;
 #pragma omp for schedule(dynamic, TASK_PANELS) nowait
     for (int64_t p = 0; p < num_panels; p++) {
         const int64_t first_id = 2 * p * LANES;
-        const int8_t *panel = panels + p * 2 * LANES * hidden_size;
+        const int8_t *panel = panels + p * 2 * LANES * GROUP * num_groups;
         struct panel_bounds panel_bounds;
         memcpy(panel_bounds.scale, bounds + first_id, sizeof panel_bounds.scale);
         memcpy(panel_bounds.error_norm, bounds + padded + first_id, sizeof panel_bounds.error_norm);
         memcpy(panel_bounds.error_max, bounds + 2 * padded + first_id, sizeof panel_bounds.error_max);
         memcpy(panel_bounds.rounding, bounds + 3 * padded + first_id, sizeof panel_bounds.rounding);
+        memcpy(panel_bounds.weight_norm, bounds + 4 * padded + first_id, sizeof panel_bounds.weight_norm);
+        memcpy(panel_bounds.weight_sum, bounds + 5 * padded + first_id, sizeof panel_bounds.weight_sum);
+#if GROUP == 4
+        for (int h = 0; h < 2; h++)
+            panel_bounds.offsets[h] =
+                _mm512_slli_epi32(_mm512_cvtps_epi32(_mm512_loadu_ps(bounds + 6 * padded + first_id + h * LANES)), 7);
+#endif
         for (int64_t first = 0; first < num_rows; first += ROWS) {
 #define PANEL_ROWS(n)                                                                                              \
     case n:                                                                                                        \
-        panel_rows(hidden + first * hidden_size, panel, hidden_size, n, &panel_bounds, xs + first, first_id,       \
+        panel_rows(x + first * num_groups * GROUP, panel, num_groups, n, &panel_bounds, xs + first, first_id,      \
                    vocab_size, rows + first);                                                                      \
         break;
             switch (num_rows - first < ROWS ? (int)(num_rows - first) : ROWS) {
@@ -315,9 +375,9 @@ static int64_t pick(const float *hidden, const float *weight, int64_t hidden_siz
 
 /* one pass of the screen over `rows` rows on up to `team` threads, each thread's candidates
  * starting from `floors` */
-static int screen_rows(const float *hidden, const int8_t *panels, const float *bounds, const struct magnitudes *xs,
-                       const float *floors, int64_t rows, int64_t vocab_size, int64_t hidden_size,
-                       struct candidates *kept, int64_t stride, int team)
+static int screen_rows(const screened_value *x, const int8_t *panels, const float *bounds,
+                       const struct magnitudes *xs, const float *floors, int64_t rows, int64_t vocab_size,
+                       int64_t num_groups, struct candidates *kept, int64_t stride, int team)
 {
     int num_threads = 1;
 #pragma omp parallel num_threads(team)
@@ -329,10 +389,51 @@ static int screen_rows(const float *hidden, const int8_t *panels, const float *b
             mine[i].floor = floors[i];
             mine[i].count = 0;
         }
-        scan(hidden, panels, bounds, xs, rows, vocab_size, hidden_size, mine);
+        scan(x, panels, bounds, xs, rows, vocab_size, num_groups, mine);
     }
     return num_threads;
 }
+
+/* a hidden row's norm and sum of magnitudes, rounded up; the screen reads the row itself */
+static struct magnitudes magnitudes(const float *row, int64_t hidden_size)
+{
+    double squares = 0., sum = 0.;
+    for (int64_t k = 0; k < hidden_size; k++) {
+        const double value = row[k];
+        squares += value * value;
+        sum += fabs(value);
+    }
+    return (struct magnitudes){nextafterf((float)sqrt(squares), INFINITY), nextafterf((float)sum, INFINITY), 1.f, 0.f,
+                               0.f};
+}
+
+#if GROUP == 4
+/* `row` rounded to steps of its largest magnitude / 127, offset by 128 into `out` (`padded` bytes,
+ * zero values past `hidden_size`), and its step and error's norm and largest magnitude into `x`.
+ * A row that is not finite is computed exactly whatever its screen says: it screens as zeros. */
+static void round_row(const float *row, int64_t hidden_size, int64_t padded, uint8_t *out, struct magnitudes *x)
+{
+    float largest = 0.f;
+    for (int64_t k = 0; k < hidden_size; k++) largest = fmaxf(largest, fabsf(row[k]));
+    const int finite = isfinite(x->sum);
+    x->step = finite && largest > 0.f ? largest / QUANT_MAX : 1.f;
+    double squares = 0., error_max = 0.;
+    for (int64_t k = 0; k < padded; k++) {
+        float value = 0.f;
+        if (k < hidden_size && finite) {
+            value = nearbyintf(row[k] / x->step);
+            value = fminf(fmaxf(value, -QUANT_MAX), QUANT_MAX);
+            /* the product is exact in double: a float times a whole number below 2^8 */
+            const double error = fabs((double)row[k] - (double)x->step * value);
+            squares += error * error;
+            error_max = error > error_max ? error : error_max;
+        }
+        out[k] = (uint8_t)(value + 128.f);
+    }
+    x->error_norm = nextafterf((float)sqrt(squares), INFINITY);
+    x->error_max = nextafterf((float)error_max, INFINITY);
+}
+#endif
 
 /* the bytes of the candidates `greedy_head` keeps for `num_rows` rows on each thread */
 int64_t greedy_head_workspace(int64_t num_rows)
@@ -357,25 +458,29 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
     }
     /* a thread's rows of a chunk side by side */
     const int64_t stride = num_rows < CHUNK ? num_rows : CHUNK;
+    const int64_t num_groups = (hidden_size + GROUP - 1) / GROUP;
     struct candidates *kept = workspace;
     struct magnitudes xs[CHUNK];
+#if GROUP == 4
+    screened_value *screened_rows = malloc(CHUNK * num_groups * GROUP);
+    if (screened_rows == NULL) abort();
+#endif
     for (int64_t first = 0; first < num_rows; first += CHUNK) {
         const int64_t rows = num_rows - first < CHUNK ? num_rows - first : CHUNK;
         const float *chunk = hidden + first * hidden_size;
-        for (int64_t i = 0; i < rows; i++) {
-            double squares = 0., sum = 0.;
-            for (int64_t k = 0; k < hidden_size; k++) {
-                const double value = chunk[i * hidden_size + k];
-                squares += value * value;
-                sum += fabs(value);
-            }
-            xs[i].norm = nextafterf((float)sqrt(squares), INFINITY);
-            xs[i].sum = nextafterf((float)sum, INFINITY);
-        }
+        for (int64_t i = 0; i < rows; i++) xs[i] = magnitudes(chunk + i * hidden_size, hidden_size);
+#if GROUP == 4
+        for (int64_t i = 0; i < rows; i++)
+            round_row(chunk + i * hidden_size, hidden_size, num_groups * GROUP, screened_rows + i * num_groups * GROUP,
+                      &xs[i]);
+        const screened_value *x = screened_rows;
+#else
+        const screened_value *x = chunk;
+#endif
         float floors[CHUNK];
         for (int64_t i = 0; i < rows; i++) floors[i] = -INFINITY;
-        const int num_threads = screen_rows(chunk, panels, bounds, xs, floors, rows, vocab_size, hidden_size, kept,
-                                            stride, team);
+        const int num_threads =
+            screen_rows(x, panels, bounds, xs, floors, rows, vocab_size, num_groups, kept, stride, team);
         int overflowed[CHUNK];
         for (int64_t i = 0; i < rows; i++) {
             floors[i] = floor_of(kept + i, stride, num_threads, &overflowed[i]);
@@ -389,8 +494,8 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
         for (int64_t i = 0; i < rows; i++) {
             const float *row = chunk + i * hidden_size;
             if (isfinite(xs[i].sum) && overflowed[i]) {
-                const int again = screen_rows(row, panels, bounds, xs + i, &floors[i], 1, vocab_size, hidden_size,
-                                              kept, 1, team);
+                const int again = screen_rows(x + i * num_groups * GROUP, panels, bounds, xs + i, &floors[i], 1,
+                                              vocab_size, num_groups, kept, 1, team);
                 int still;
                 floor_of(kept, 1, again, &still);
                 if (!still) token_ids[first + i] = pick(row, weight, hidden_size, kept, 1, again, floors[i]);
@@ -398,4 +503,7 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
             if (token_ids[first + i] < 0) token_ids[first + i] = exact_pick(row, weight, vocab_size, hidden_size);
         }
     }
+#if GROUP == 4
+    free(screened_rows);
+#endif
 }

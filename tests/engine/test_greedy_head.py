@@ -1,10 +1,29 @@
 """The LM head's greedy pick (greedy_head.c) against torch: logits, then argmax; and the screen
 against the exact pass over the whole vocabulary."""
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
+from engine import kernels
 from engine.greedy_head import GreedyHead
+
+
+@pytest.fixture(autouse=True, params=["native", "widened"])
+def screen(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every test on the kernel as built here, and where that multiplies 8-bit values with
+    AVX512-VNNI, again on the pass a CPU without it builds: each 8-bit value widened to a float."""
+    if request.param == "widened":
+        library = kernels.library()
+        if library is None or library.greedy_head_group() == 1:
+            pytest.skip("the native build widens already")
+        monkeypatch.setattr(kernels, "COMPILE", (*kernels.COMPILE, "-mno-avx512vnni"))
+        kernels.library.cache_clear()
+        library = kernels.library()
+        assert library is not None and library.greedy_head_group() == 1
+    yield
+    kernels.library.cache_clear()
 
 
 def reference(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -16,12 +35,13 @@ def reference(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def test_it_picks_what_argmax_picks_over_the_logits(bfloat16: bool, num_rows: int) -> None:
     generator = torch.Generator().manual_seed(num_rows)
     # a vocabulary that is no multiple of a panel, a hidden size that is no multiple of a vector
-    weight = torch.randn(1001, 72, generator=generator)
+    # nor of the four values VNNI multiplies at once
+    weight = torch.randn(1001, 70, generator=generator)
     if bfloat16:
         weight = weight.bfloat16().float()
     head = GreedyHead(weight)
     assert head.screened
-    hidden = torch.randn(num_rows, 72, generator=generator)
+    hidden = torch.randn(num_rows, 70, generator=generator)
     assert head(hidden).tolist() == reference(hidden, weight).tolist()
 
 
@@ -35,11 +55,28 @@ def exact(head: GreedyHead, hidden: torch.Tensor) -> list[int]:
 
 
 @pytest.mark.parametrize("scale", [0.02, 1.0, 50.0])
-def test_the_screen_picks_what_the_exact_pass_picks(scale: float) -> None:
-    # close calls: 2,000 rows, each against a vocabulary whose largest logits are crowded
+@pytest.mark.parametrize("spike", [1.0, 1000.0])
+def test_the_screen_picks_what_the_exact_pass_picks(scale: float, spike: float) -> None:
+    # close calls: 2,000 rows, each against a vocabulary whose largest logits are crowded; with a
+    # spike, one hidden value dwarfs the others, which an 8-bit rounding of the row then loses
     generator = torch.Generator().manual_seed(7)
     weight = (torch.randn(5000, 64, generator=generator) * scale).bfloat16().float()
     hidden = torch.randn(2000, 64, generator=generator)
+    hidden[:, 5] *= spike
+    head = GreedyHead(weight)
+    assert head(hidden).tolist() == exact(head, hidden)
+
+
+def test_the_screen_bounds_the_hidden_rows_rounding_too() -> None:
+    # an LM head that 8 bits hold exactly (whole numbers, 127 the largest of each row), so all that
+    # separates a screened logit from the exact one is the hidden row's own rounding; 3,000 rows
+    # a step or two apart, whose logits lie closer than that rounding moves them
+    generator = torch.Generator().manual_seed(11)
+    base = torch.randint(-100, 101, (1, 64), generator=generator).float()
+    base[0, 0] = 127.0
+    weight = base + torch.randint(-2, 3, (3000, 64), generator=generator).float()
+    weight[:, 0] = 127.0
+    hidden = torch.randn(64, 64, generator=generator)
     head = GreedyHead(weight)
     assert head(hidden).tolist() == exact(head, hidden)
 

@@ -71,10 +71,15 @@
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
 #define GROUP 4
 #define QUANT_MAX 127.f /* as the LM head's rounding (greedy_head.py) */
-typedef uint8_t screened_value; /* the hidden row's 8-bit rounding, offset by 128 into vpdpbusd's unsigned bytes */
+/* A hidden row rounded to 8 bits may loosen its bound past use: SmolLM2's final hidden states have
+ * a few values 14x their RMS at the median (the demo's 2.7x), so their steps are coarse, and on
+ * its LM head the rounding's bound came to 3.0x the LM head's own at the median row (the demo's
+ * 0.96x, at most 1.28x), leaving too many candidates (SmolLM2's steps took 2-10x the time of the
+ * widened pass). A chunk's rows are rounded only where each row's rounding bound is at most this
+ * times the LM head's rounding bound for it, both at the LM head's median rows. */
+#define MAX_ROUNDING_RATIO 2.f
 #else
 #define GROUP 1
-typedef float screened_value; /* the hidden row itself */
 #endif
 
 typedef float floats __attribute__((vector_size(LANES * sizeof(float))));
@@ -245,17 +250,22 @@ static inline __attribute__((always_inline)) void screen(const floats sums[2], c
         }
 }
 
-/* `num_rows` rows of `hidden` against one panel. Always called with a constant `num_rows` (the
- * switch in scan): the accumulators then stay in registers, where a count known only at run time
- * kept them on the stack, loaded and stored at every hidden index. */
-static inline __attribute__((always_inline)) void panel_rows(const screened_value *restrict x, const int8_t *panel,
-                                                             int64_t num_groups, const int num_rows,
-                                                             const struct panel_bounds *bounds,
-                                                             const struct magnitudes *xs, int64_t first_id,
-                                                             int64_t vocab_size, struct candidates *rows)
-{
-    const int64_t x_stride = num_groups * GROUP;
 #if GROUP == 4
+/* the 32-bit lanes' byte `j` of `v`, sign-extended, as floats */
+static inline __attribute__((always_inline)) floats widen_byte(__m512i v, const int j)
+{
+    return (floats)_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24));
+}
+
+/* `num_rows` rows of `x`, the hidden rows rounded to 8 bits and offset by 128, against one panel:
+ * four hidden indices a lane multiplied at once, summed in 32 bits. As panel_rows_widened, always
+ * called with a constant `num_rows`. */
+static inline __attribute__((always_inline)) void panel_rows_rounded(const uint8_t *restrict x, const int8_t *panel,
+                                                                     int64_t num_groups, const int num_rows,
+                                                                     const struct panel_bounds *bounds,
+                                                                     const struct magnitudes *xs, int64_t first_id,
+                                                                     int64_t vocab_size, struct candidates *rows)
+{
     __m512i acc[ROWS][2];
 #pragma GCC unroll 8
     for (int i = 0; i < num_rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
@@ -265,7 +275,7 @@ static inline __attribute__((always_inline)) void panel_rows(const screened_valu
 #pragma GCC unroll 8
         for (int i = 0; i < num_rows; i++) {
             int32_t values;
-            memcpy(&values, x + i * x_stride + g * GROUP, sizeof values);
+            memcpy(&values, x + (i * num_groups + g) * GROUP, sizeof values);
             const __m512i value = _mm512_set1_epi32(values);
             acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], value, low);
             acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], value, high);
@@ -277,29 +287,56 @@ static inline __attribute__((always_inline)) void panel_rows(const screened_valu
                                 (floats)_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][1], bounds->offsets[1]))};
         screen(sums, bounds, xs[i], first_id, vocab_size, &rows[i]);
     }
-#else
+}
+#endif
+
+/* `num_rows` rows of `x`, the hidden rows (padded to whole groups), against one panel, each 8-bit
+ * value widened to a float. Always called with a constant `num_rows` (the switch in scan): the
+ * accumulators then stay in registers, where a count known only at run time kept them on the
+ * stack, loaded and stored at every hidden index. */
+static inline __attribute__((always_inline)) void panel_rows_widened(const float *restrict x, const int8_t *panel,
+                                                                     int64_t num_groups, const int num_rows,
+                                                                     const struct panel_bounds *bounds,
+                                                                     const struct magnitudes *xs, int64_t first_id,
+                                                                     int64_t vocab_size, struct candidates *rows)
+{
     floats acc[ROWS][2];
 #pragma GCC unroll 8
     for (int i = 0; i < num_rows; i++) acc[i][0] = acc[i][1] = (floats){0};
-    for (int64_t k = 0; k < num_groups; k++) {
-        const floats low = widen(panel + 2 * k * LANES), high = widen(panel + (2 * k + 1) * LANES);
+    for (int64_t g = 0; g < num_groups; g++) {
+#if GROUP == 4
+        const __m512i low_bytes = _mm512_loadu_si512(panel + 2 * g * LANES * GROUP),
+                      high_bytes = _mm512_loadu_si512(panel + (2 * g + 1) * LANES * GROUP);
+#endif
+#pragma GCC unroll 4
+        for (int j = 0; j < GROUP; j++) {
+#if GROUP == 4
+            const floats low = widen_byte(low_bytes, j), high = widen_byte(high_bytes, j);
+#else
+            const floats low = widen(panel + 2 * g * LANES), high = widen(panel + (2 * g + 1) * LANES);
+#endif
 #pragma GCC unroll 8
-        for (int i = 0; i < num_rows; i++) {
-            const float value = x[i * x_stride + k];
-            acc[i][0] += value * low;
-            acc[i][1] += value * high;
+            for (int i = 0; i < num_rows; i++) {
+                const float value = x[(i * num_groups + g) * GROUP + j];
+                acc[i][0] += value * low;
+                acc[i][1] += value * high;
+            }
         }
     }
     for (int i = 0; i < num_rows; i++) screen(acc[i], bounds, xs[i], first_id, vocab_size, &rows[i]);
-#endif
 }
 
 /* this thread's share of the panels, ROWS rows at a time. Widening a panel once for all rows,
  * into a buffer of floats, took 1.3-1.4x the time at 32-40 rows: the buffer's vectors did not
  * stay in registers; widened again for each ROWS, 32-40 rows take what the bfloat16 panels took. */
-static void scan(const screened_value *restrict x, const int8_t *panels, const float *bounds,
-                 const struct magnitudes *xs, int64_t num_rows, int64_t vocab_size, int64_t num_groups,
-                 struct candidates *rows)
+/* the rows `x` as they are (padded to whole groups), or rounded to 8 bits where `rounded` is not NULL */
+struct screened_rows {
+    const float *x;
+    const uint8_t *rounded;
+};
+
+static void scan(struct screened_rows x, const int8_t *panels, const float *bounds, const struct magnitudes *xs,
+                 int64_t num_rows, int64_t vocab_size, int64_t num_groups, struct candidates *rows)
 {
     const int64_t num_panels = (vocab_size + 2 * LANES - 1) / (2 * LANES), padded = 2 * LANES * num_panels;
 #pragma omp for schedule(dynamic, TASK_PANELS) nowait
@@ -319,10 +356,21 @@ static void scan(const screened_value *restrict x, const int8_t *panels, const f
                 _mm512_slli_epi32(_mm512_cvtps_epi32(_mm512_loadu_ps(bounds + 6 * padded + first_id + h * LANES)), 7);
 #endif
         for (int64_t first = 0; first < num_rows; first += ROWS) {
+#if GROUP == 4
+#define ROUNDED_ROWS(n)                                                                                            \
+    if (x.rounded != NULL) {                                                                                       \
+        panel_rows_rounded(x.rounded + first * num_groups * GROUP, panel, num_groups, n, &panel_bounds, xs + first, \
+                           first_id, vocab_size, rows + first);                                                   \
+        break;                                                                                                     \
+    }
+#else
+#define ROUNDED_ROWS(n)
+#endif
 #define PANEL_ROWS(n)                                                                                              \
     case n:                                                                                                        \
-        panel_rows(x + first * num_groups * GROUP, panel, num_groups, n, &panel_bounds, xs + first, first_id,      \
-                   vocab_size, rows + first);                                                                      \
+        ROUNDED_ROWS(n)                                                                                            \
+        panel_rows_widened(x.x + first * num_groups * GROUP, panel, num_groups, n, &panel_bounds, xs + first,      \
+                           first_id, vocab_size, rows + first);                                                   \
         break;
             switch (num_rows - first < ROWS ? (int)(num_rows - first) : ROWS) {
                 PANEL_ROWS(1)
@@ -336,6 +384,7 @@ static void scan(const screened_value *restrict x, const int8_t *panels, const f
                 PANEL_ROWS(8)
 #endif
             }
+#undef ROUNDED_ROWS
 #undef PANEL_ROWS
         }
     }
@@ -375,9 +424,9 @@ static int64_t pick(const float *hidden, const float *weight, int64_t hidden_siz
 
 /* one pass of the screen over `rows` rows on up to `team` threads, each thread's candidates
  * starting from `floors` */
-static int screen_rows(const screened_value *x, const int8_t *panels, const float *bounds,
-                       const struct magnitudes *xs, const float *floors, int64_t rows, int64_t vocab_size,
-                       int64_t num_groups, struct candidates *kept, int64_t stride, int team)
+static int screen_rows(struct screened_rows x, const int8_t *panels, const float *bounds, const struct magnitudes *xs,
+                       const float *floors, int64_t rows, int64_t vocab_size, int64_t num_groups,
+                       struct candidates *kept, int64_t stride, int team)
 {
     int num_threads = 1;
 #pragma omp parallel num_threads(team)
@@ -435,6 +484,18 @@ static void round_row(const float *row, int64_t hidden_size, int64_t padded, uin
 }
 #endif
 
+#if GROUP == 4
+/* whether rounding the row adds to its bound at most MAX_ROUNDING_RATIO times what the LM head's
+ * own rounding adds, at the LM head's median rows (`typical`: their error norm, largest error,
+ * and the norm and sum of magnitudes of their rounding) */
+static int worth_rounding(struct magnitudes x, const float *typical)
+{
+    const float head = fminf(x.norm * typical[0], x.sum * typical[1]);
+    const float row = fminf(x.error_norm * typical[2], x.error_max * typical[3]);
+    return row <= MAX_ROUNDING_RATIO * head;
+}
+#endif
+
 /* the bytes of the candidates `greedy_head` keeps for `num_rows` rows on each thread */
 int64_t greedy_head_workspace(int64_t num_rows)
 {
@@ -448,8 +509,8 @@ int64_t greedy_head_workspace(int64_t num_rows)
  * workspace for, rather than this reading OpenMP's thread count again, which another thread's
  * torch.set_num_threads may have changed in between. */
 void greedy_head(const float *hidden, const float *weight, const int8_t *panels, const float *bounds,
-                 void *workspace, int64_t team, int64_t *token_ids, int64_t screened, int64_t num_rows,
-                 int64_t vocab_size, int64_t hidden_size)
+                 const float *typical, void *workspace, int64_t team, int64_t *token_ids, int64_t screened,
+                 int64_t num_rows, int64_t vocab_size, int64_t hidden_size)
 {
     if (!screened) {
         for (int64_t r = 0; r < num_rows; r++)
@@ -458,24 +519,38 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
     }
     /* a thread's rows of a chunk side by side */
     const int64_t stride = num_rows < CHUNK ? num_rows : CHUNK;
-    const int64_t num_groups = (hidden_size + GROUP - 1) / GROUP;
+    const int64_t num_groups = (hidden_size + GROUP - 1) / GROUP, width = num_groups * GROUP;
     struct candidates *kept = workspace;
     struct magnitudes xs[CHUNK];
+    /* the rows padded with zeros to whole groups, where the hidden size is none: else read in place */
+    float *padded_rows = width == hidden_size ? NULL : calloc(CHUNK * width, sizeof(float));
+    if (width != hidden_size && padded_rows == NULL) abort();
 #if GROUP == 4
-    screened_value *screened_rows = malloc(CHUNK * num_groups * GROUP);
-    if (screened_rows == NULL) abort();
+    uint8_t *rounded_rows = malloc(CHUNK * width);
+    if (rounded_rows == NULL) abort();
 #endif
     for (int64_t first = 0; first < num_rows; first += CHUNK) {
         const int64_t rows = num_rows - first < CHUNK ? num_rows - first : CHUNK;
         const float *chunk = hidden + first * hidden_size;
         for (int64_t i = 0; i < rows; i++) xs[i] = magnitudes(chunk + i * hidden_size, hidden_size);
+        struct screened_rows x = {chunk, NULL};
+        if (padded_rows != NULL) {
+            for (int64_t i = 0; i < rows; i++)
+                memcpy(padded_rows + i * width, chunk + i * hidden_size, sizeof(float) * hidden_size);
+            x.x = padded_rows;
+        }
 #if GROUP == 4
-        for (int64_t i = 0; i < rows; i++)
-            round_row(chunk + i * hidden_size, hidden_size, num_groups * GROUP, screened_rows + i * num_groups * GROUP,
-                      &xs[i]);
-        const screened_value *x = screened_rows;
+        int rounding = 1;
+        for (int64_t i = 0; i < rows; i++) {
+            round_row(chunk + i * hidden_size, hidden_size, width, rounded_rows + i * width, &xs[i]);
+            rounding &= worth_rounding(xs[i], typical);
+        }
+        if (rounding)
+            x.rounded = rounded_rows;
+        else
+            for (int64_t i = 0; i < rows; i++) xs[i].step = 1.f, xs[i].error_norm = xs[i].error_max = 0.f;
 #else
-        const screened_value *x = chunk;
+        (void)typical;
 #endif
         float floors[CHUNK];
         for (int64_t i = 0; i < rows; i++) floors[i] = -INFINITY;
@@ -494,8 +569,9 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
         for (int64_t i = 0; i < rows; i++) {
             const float *row = chunk + i * hidden_size;
             if (isfinite(xs[i].sum) && overflowed[i]) {
-                const int again = screen_rows(x + i * num_groups * GROUP, panels, bounds, xs + i, &floors[i], 1,
-                                              vocab_size, num_groups, kept, 1, team);
+                const struct screened_rows alone = {x.x + i * width, x.rounded == NULL ? NULL : x.rounded + i * width};
+                const int again =
+                    screen_rows(alone, panels, bounds, xs + i, &floors[i], 1, vocab_size, num_groups, kept, 1, team);
                 int still;
                 floor_of(kept, 1, again, &still);
                 if (!still) token_ids[first + i] = pick(row, weight, hidden_size, kept, 1, again, floors[i]);
@@ -503,7 +579,8 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
             if (token_ids[first + i] < 0) token_ids[first + i] = exact_pick(row, weight, vocab_size, hidden_size);
         }
     }
+    free(padded_rows);
 #if GROUP == 4
-    free(screened_rows);
+    free(rounded_rows);
 #endif
 }

@@ -42,8 +42,12 @@ class GreedyHead:
         self.screened = bool(torch.isfinite(weight).all())
         if self.screened:
             self.panels, self.bounds = _screen(weight, library.greedy_head_lanes(), library.greedy_head_group())
+            # the median vocabulary row's error norm, largest error, and its rounding's norm and sum
+            # of magnitudes: whether rounding a hidden row to 8 bits pays (MAX_ROUNDING_RATIO)
+            self.typical = self.bounds[[1, 2, 4, 5], : self.vocab_size].median(dim=1).values.contiguous()
         else:  # not read
             self.panels, self.bounds = weight.new_empty(0, dtype=torch.int8), weight.new_empty(0)
+            self.typical = weight.new_empty(0)
         # the candidates the kernel keeps, grown to the most rows and threads a call has had
         self._workspace = torch.empty(0, dtype=torch.uint8)
 
@@ -65,6 +69,7 @@ class GreedyHead:
             self.weight.data_ptr(),
             self.panels.data_ptr(),
             self.bounds.data_ptr(),
+            self.typical.data_ptr(),
             self._workspace.data_ptr(),
             threads,
             token_ids.data_ptr(),

@@ -43,7 +43,7 @@ SIGNATURES: dict[str, tuple[list[type], type | None]] = {
     "greedy_head_lanes": ([], ctypes.c_int64),
     "greedy_head_group": ([], ctypes.c_int64),
     "greedy_head_workspace": ([ctypes.c_int64], ctypes.c_int64),
-    "greedy_head": ([*[ctypes.c_void_p] * 5, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int64] * 4], None),
+    "greedy_head": ([*[ctypes.c_void_p] * 6, ctypes.c_int64, ctypes.c_void_p, *[ctypes.c_int64] * 4], None),
 }
 
 

@@ -68,17 +68,18 @@ def test_the_screen_picks_what_the_exact_pass_picks(scale: float, spike: float) 
 
 
 def test_the_screen_bounds_the_hidden_rows_rounding_too() -> None:
-    # an LM head that 8 bits hold exactly (whole numbers, 127 the largest of each row), so all that
-    # separates a screened logit from the exact one is the hidden row's own rounding; 3,000 rows
-    # a step or two apart, whose logits lie closer than that rounding moves them
-    generator = torch.Generator().manual_seed(11)
-    base = torch.randint(-100, 101, (1, 64), generator=generator).float()
-    base[0, 0] = 127.0
-    weight = base + torch.randint(-2, 3, (3000, 64), generator=generator).float()
-    weight[:, 0] = 127.0
-    hidden = torch.randn(64, 64, generator=generator)
+    # Two rows that 8 bits hold exactly, 127 x_0 and 100 x_1 apart by 0.21 in favour of the first;
+    # the hidden row, in steps of 0.01 (1.27 / 127), rounds x_0 = 0.3049 down to 0.30 and x_1 =
+    # 0.3851 up to 0.39, which puts the second 0.9 ahead on the screen: only the bound on the hidden
+    # row's rounding keeps the first. The other rows are small and hold what 8 bits round, so that
+    # rounding the hidden row is worth it (where the CPU has VNNI).
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(300, 8, generator=generator) * 0.1
+    weight[:2] = 0.0
+    weight[0, 0], weight[1, 1] = 127.0, 100.0
+    hidden = torch.tensor([[0.3049, 0.3851, 1.27, 0.2, -0.5, 0.0, 0.71, -1.0]])
     head = GreedyHead(weight)
-    assert head(hidden).tolist() == exact(head, hidden)
+    assert head(hidden).tolist() == exact(head, hidden) == [0]
 
 
 def test_a_row_the_screen_cannot_narrow_is_computed_exactly() -> None:

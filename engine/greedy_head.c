@@ -74,9 +74,10 @@
 /* A hidden row rounded to 8 bits may loosen its bound past use: SmolLM2's final hidden states have
  * a few values 14x their RMS at the median (the demo's 2.7x), so their steps are coarse, and on
  * its LM head the rounding's bound came to 3.0x the LM head's own at the median row (the demo's
- * 0.96x, at most 1.28x), leaving too many candidates (SmolLM2's steps took 2-10x the time of the
- * widened pass). A chunk's rows are rounded only where each row's rounding bound is at most this
- * times the LM head's rounding bound for it, both at the LM head's median rows. */
+ * 0.96x, at most 1.28x), leaving too many candidates (SmolLM2's greedy steps in engine_bench took
+ * 1.6-9.4x the time of the widened pass at 1-32 sequences). A chunk's rows are rounded only where
+ * each row's rounding bound is at most this times the LM head's rounding bound for it, both at the
+ * LM head's median rows. */
 #define MAX_ROUNDING_RATIO 2.f
 #else
 #define GROUP 1

@@ -541,15 +541,17 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
             x.x = padded_rows;
         }
 #if GROUP == 4
+        struct magnitudes rounded_xs[CHUNK];
         int rounding = 1;
         for (int64_t i = 0; i < rows; i++) {
-            round_row(chunk + i * hidden_size, hidden_size, width, rounded_rows + i * width, &xs[i]);
-            rounding &= worth_rounding(xs[i], typical);
+            rounded_xs[i] = xs[i];
+            round_row(chunk + i * hidden_size, hidden_size, width, rounded_rows + i * width, &rounded_xs[i]);
+            rounding &= worth_rounding(rounded_xs[i], typical);
         }
-        if (rounding)
+        if (rounding) {
             x.rounded = rounded_rows;
-        else
-            for (int64_t i = 0; i < rows; i++) xs[i].step = 1.f, xs[i].error_norm = xs[i].error_max = 0.f;
+            memcpy(xs, rounded_xs, sizeof(struct magnitudes) * rows);
+        }
 #else
         (void)typical;
 #endif

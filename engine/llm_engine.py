@@ -1,5 +1,6 @@
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
@@ -56,6 +57,7 @@ class LLMEngine(CallbackEngine):
         self._live: set[str] = set()
         self._stopped = False
         self._requests: dict[str, Request] = {}
+        self._after_outputs: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run_loop, name="llm-engine", daemon=True)
 
     @classmethod
@@ -68,8 +70,11 @@ class LLMEngine(CallbackEngine):
             self.tokenizer, enable_thinking=enable_thinking, eos_token_ids=self.core.eos_token_ids
         )
 
-    def start(self) -> Self:
-        """Starts the step loop; requests are refused before."""
+    def start(self, after_outputs: Callable[[], None] | None = None) -> Self:
+        """Starts the step loop; requests are refused before. `after_outputs` runs on the loop's
+        thread after each round of callbacks (a step's, or the aborted requests' last deltas):
+        where the callbacks only gather what they are given, it sends a round's at once."""
+        self._after_outputs = after_outputs
         self._thread.start()
         return self
 
@@ -150,16 +155,25 @@ class LLMEngine(CallbackEngine):
                     self._finish(self._requests[request_id], "abort")
             if stopped:
                 break
-            if not self.core.has_unfinished_sequences():
-                continue
-            try:
-                for seq, token_ids in self.core.step():
-                    self._on_tokens(self._requests[seq.request_id], token_ids)
-            except Exception:
-                logger.exception("engine step failed; the requests in flight end with finish_reason 'error'")
-                self._finish_all("error")
+            if self.core.has_unfinished_sequences():
+                try:
+                    for seq, token_ids in self.core.step():
+                        self._on_tokens(self._requests[seq.request_id], token_ids)
+                except Exception:
+                    logger.exception("engine step failed; the requests in flight end with finish_reason 'error'")
+                    self._finish_all("error")
+            self._outputs_done()
         self._finish_all("abort")
+        self._outputs_done()
         self.core.runner.release()
+
+    def _outputs_done(self) -> None:
+        if self._after_outputs is None:
+            return
+        try:
+            self._after_outputs()
+        except Exception:
+            logger.exception("after_outputs failed")
 
     def _on_tokens(self, request: Request, token_ids: list[int]) -> None:
         seq = request.seq

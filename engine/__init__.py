@@ -34,7 +34,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    # LLMEngine loads torch, which reads OMP_WAIT_POLICY once, as it loads; the settings take
+    # LLMEngine loads torch, whose OpenMP reads its settings once, as it loads; the settings take
     # EngineConfig's defaults before the process is set up, so they must not load it.
     if name == "LLMEngine":
         from .llm_engine import LLMEngine

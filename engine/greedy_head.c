@@ -12,9 +12,11 @@
  * An exact logit is the float32 dot product in hidden order, one fused multiply-add a step (what
  * the panels of float32 and bfloat16 before this kernel summed, bit for bit).
  *
- * With AVX512-VNNI (GROUP 4) the hidden row is rounded to 8 bits too, in steps of its largest
+ * With AVX512-VNNI or AVX2 (GROUP 4) the hidden row is rounded to 8 bits too, but for its few
+ * values far past the rest (outliers, multiplied as floats), in steps of its largest other
  * magnitude / 127, and its rounding error bounded likewise against the rounded LM head's rows
- * (their norms and sums of magnitudes); the screened sums are then whole numbers.
+ * (their norms and sums of magnitudes); the screened sums are then whole numbers, plus the
+ * outliers' products: a few float32 roundings, fewer than the bounds allow for.
  *
  * The screen is laid out in panels of 2 x LANES vocabulary rows by GROUP hidden indices, so that
  * one load brings GROUP hidden indices of a panel's rows, widened into two vectors (or multiplied
@@ -67,24 +69,44 @@
 /* hidden indices a lane of a panel holds side by side. With AVX512-VNNI the screen multiplies four
  * 8-bit values at once into a 32-bit sum (vpdpbusd), the hidden row rounded to 8 bits as the LM
  * head is: the demo's LM head at 8 / 40 rows took 0.44x / 0.33x the time of widening each value
- * to a float for an FMA (2 threads, Intel Xeon). Without it, one value a lane, widened. */
-#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+ * to a float for an FMA (2 threads, Intel Xeon). With AVX2 alone four 8-bit values a lane take
+ * three instructions (vpsignb, vpmaddubsw, vpmaddwd), still fewer than an FMA a value: at 8 / 40
+ * rows 0.68x / 0.67x the time on the demo, 0.80x / 0.73x on SmolLM2 (AMD EPYC, 2 threads;
+ * bench/greedy_head_bench.py). AVX-512 without VNNI (and GREEDY_HEAD_WIDENED, which the tests and
+ * that bench build) widens one value a lane. */
+#if !defined(GREEDY_HEAD_WIDENED) && (defined(__AVX512F__) ? defined(__AVX512VNNI__) : defined(__AVX2__))
 #define GROUP 4
 #define QUANT_MAX 127.f /* as the LM head's rounding (greedy_head.py) */
+/* what the rounded hidden rows are stored with: vpdpbusd takes them unsigned, offset by 128, which
+ * each vocabulary row's sum of 8-bit values times 128 takes off again; vpmaddubsw, signed */
+#ifdef __AVX512F__
+#define ROUNDED_OFFSET 128
+#else
+#define ROUNDED_OFFSET 0
+#endif
 /* A hidden row rounded to 8 bits may loosen its bound past use: SmolLM2's final hidden states have
  * a few values 14x their RMS at the median (the demo's 2.7x), so their steps are coarse, and on
- * its LM head the rounding's bound came to 3.0x the LM head's own at the median row (the demo's
- * 0.96x, at most 1.28x), leaving too many candidates (SmolLM2's greedy steps in engine_bench took
- * 1.6-9.4x the time of the widened pass at 1-32 sequences). A chunk's rows are rounded only where
- * each row's rounding bound is at most this times the LM head's rounding bound for it, both at the
- * LM head's median rows. */
+ * its LM head, those values rounded too, the rounding's bound came to 3.0x the LM head's own at
+ * the median row (the demo's 0.96x, at most 1.28x), leaving too many candidates (SmolLM2's greedy
+ * steps in engine_bench took 1.6-9.4x the time of the widened pass at 1-32 sequences). A chunk's
+ * rows are rounded only where each row's rounding bound is at most this times the LM head's
+ * rounding bound for it, both at the LM head's median rows. */
 #define MAX_ROUNDING_RATIO 2.f
+/* What coarsens the rounding is those few values: a hidden row's values above OUTLIER_RMS times its
+ * RMS, at most MAX_OUTLIERS of them, are kept out of it and multiplied as floats (each against its
+ * LM head values widened, per panel). On SmolLM2's final hidden states in greedy replies to chat
+ * questions (the bench's 128) that kept 5 a row out at the median, 7 at most, and brought the
+ * rounding's bound to 0.74x the LM head's at the median (0.90x at most); the demo's keep none. */
+#define OUTLIER_RMS 4.f
+#define MAX_OUTLIERS 8
 #else
 #define GROUP 1
 #endif
 
 typedef float floats __attribute__((vector_size(LANES * sizeof(float))));
 typedef int8_t bytes __attribute__((vector_size(LANES)));
+/* one vector of 32-bit lanes, four bytes each in a panel of GROUP 4 */
+typedef int32_t words __attribute__((vector_size(LANES * sizeof(int32_t))));
 
 int64_t greedy_head_lanes(void) { return LANES; }
 
@@ -196,11 +218,11 @@ static int make_room(struct candidates *row)
 }
 
 /* a panel's scales and bounds, its low and high half (greedy_head.py's `bounds`, in that order);
- * `offsets`: 128 times each row's sum of 8-bit values, what the hidden row's offset adds */
+ * `offsets`: ROUNDED_OFFSET times each row's sum of 8-bit values, what the hidden row's offset adds */
 struct panel_bounds {
     floats scale[2], error_norm[2], error_max[2], rounding[2], weight_norm[2], weight_sum[2];
 #if GROUP == 4
-    __m512i offsets[2];
+    words offsets[2];
 #endif
 };
 
@@ -210,6 +232,16 @@ struct panel_bounds {
 struct magnitudes {
     float norm, sum, step, error_norm, error_max;
 };
+
+#if GROUP == 4
+/* the hidden values a rounded row leaves out (zeros in it): their indices, and their values in steps
+ * of the rounding */
+struct outliers {
+    int32_t count;
+    int32_t index[MAX_OUTLIERS];
+    float value[MAX_OUTLIERS];
+};
+#endif
 
 /* a panel's screened logits for one row (ids `first_id` on), raised and lowered by their bounds */
 static inline __attribute__((always_inline)) void screen(const floats sums[2], const struct panel_bounds *bounds,
@@ -253,39 +285,64 @@ static inline __attribute__((always_inline)) void screen(const floats sums[2], c
 
 #if GROUP == 4
 /* the 32-bit lanes' byte `j` of `v`, sign-extended, as floats */
-static inline __attribute__((always_inline)) floats widen_byte(__m512i v, const int j)
+static inline __attribute__((always_inline)) floats widen_byte(words v, const int j)
 {
-    return (floats)_mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j), 24));
+    return __builtin_convertvector((v << (24 - 8 * j)) >> 24, floats);
 }
 
-/* `num_rows` rows of `x`, the hidden rows rounded to 8 bits and offset by 128, against one panel:
- * four hidden indices a lane multiplied at once, summed in 32 bits. As panel_rows_widened, always
+/* `sum` plus, in each 32-bit lane, its four bytes of `x` (a hidden row's, as round_row stores them)
+ * times those of `w` (the LM head's) */
+static inline __attribute__((always_inline)) words dot_bytes(words sum, words x, words w)
+{
+#ifdef __AVX512F__
+    return (words)_mm512_dpbusd_epi32((__m512i)sum, (__m512i)x, (__m512i)w);
+#else
+    /* vpmaddubsw multiplies unsigned bytes by signed ones and saturates each pair's sum at 16
+     * bits: w's magnitudes by x with w's sign, a pair at most 2 x 127 x 127 = 32,258 */
+    const __m256i pairs = _mm256_maddubs_epi16(_mm256_abs_epi8((__m256i)w), _mm256_sign_epi8((__m256i)x, (__m256i)w));
+    return sum + (words)_mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+}
+
+/* `num_rows` rows of `x`, the hidden rows rounded to 8 bits (round_row), against one panel: four
+ * hidden indices a lane multiplied at once, summed in 32 bits. As panel_rows_widened, always
  * called with a constant `num_rows`. */
-static inline __attribute__((always_inline)) void panel_rows_rounded(const uint8_t *restrict x, const int8_t *panel,
-                                                                     int64_t num_groups, const int num_rows,
+static inline __attribute__((always_inline)) void panel_rows_rounded(const uint8_t *restrict x,
+                                                                     const struct outliers *outliers,
+                                                                     const int8_t *panel, int64_t num_groups,
+                                                                     const int num_rows,
                                                                      const struct panel_bounds *bounds,
                                                                      const struct magnitudes *xs, int64_t first_id,
                                                                      int64_t vocab_size, struct candidates *rows)
 {
-    __m512i acc[ROWS][2];
+    words acc[ROWS][2];
 #pragma GCC unroll 8
-    for (int i = 0; i < num_rows; i++) acc[i][0] = acc[i][1] = _mm512_setzero_si512();
+    for (int i = 0; i < num_rows; i++) acc[i][0] = acc[i][1] = (words){0};
     for (int64_t g = 0; g < num_groups; g++) {
-        const __m512i low = _mm512_loadu_si512(panel + 2 * g * LANES * GROUP),
-                      high = _mm512_loadu_si512(panel + (2 * g + 1) * LANES * GROUP);
+        words low, high;
+        memcpy(&low, panel + 2 * g * LANES * GROUP, sizeof low);
+        memcpy(&high, panel + (2 * g + 1) * LANES * GROUP, sizeof high);
 #pragma GCC unroll 8
         for (int i = 0; i < num_rows; i++) {
             int32_t values;
             memcpy(&values, x + (i * num_groups + g) * GROUP, sizeof values);
-            const __m512i value = _mm512_set1_epi32(values);
-            acc[i][0] = _mm512_dpbusd_epi32(acc[i][0], value, low);
-            acc[i][1] = _mm512_dpbusd_epi32(acc[i][1], value, high);
+            const words value = (words){0} + values;
+            acc[i][0] = dot_bytes(acc[i][0], value, low);
+            acc[i][1] = dot_bytes(acc[i][1], value, high);
         }
     }
     for (int i = 0; i < num_rows; i++) {
         /* whole numbers, exact in float32 below 2^24 (a hidden size up to 1,040), else rounded once */
-        const floats sums[2] = {(floats)_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][0], bounds->offsets[0])),
-                                (floats)_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][1], bounds->offsets[1]))};
+        floats sums[2] = {__builtin_convertvector(acc[i][0] - bounds->offsets[0], floats),
+                          __builtin_convertvector(acc[i][1] - bounds->offsets[1], floats)};
+        for (int32_t o = 0; o < outliers[i].count; o++) {
+            const int32_t k = outliers[i].index[o];
+            words low, high;
+            memcpy(&low, panel + 2 * (k / GROUP) * LANES * GROUP, sizeof low);
+            memcpy(&high, panel + (2 * (k / GROUP) + 1) * LANES * GROUP, sizeof high);
+            sums[0] += outliers[i].value[o] * widen_byte(low, k % GROUP);
+            sums[1] += outliers[i].value[o] * widen_byte(high, k % GROUP);
+        }
         screen(sums, bounds, xs[i], first_id, vocab_size, &rows[i]);
     }
 }
@@ -306,8 +363,9 @@ static inline __attribute__((always_inline)) void panel_rows_widened(const float
     for (int i = 0; i < num_rows; i++) acc[i][0] = acc[i][1] = (floats){0};
     for (int64_t g = 0; g < num_groups; g++) {
 #if GROUP == 4
-        const __m512i low_bytes = _mm512_loadu_si512(panel + 2 * g * LANES * GROUP),
-                      high_bytes = _mm512_loadu_si512(panel + (2 * g + 1) * LANES * GROUP);
+        words low_bytes, high_bytes;
+        memcpy(&low_bytes, panel + 2 * g * LANES * GROUP, sizeof low_bytes);
+        memcpy(&high_bytes, panel + (2 * g + 1) * LANES * GROUP, sizeof high_bytes);
 #endif
 #pragma GCC unroll 4
         for (int j = 0; j < GROUP; j++) {
@@ -334,7 +392,22 @@ static inline __attribute__((always_inline)) void panel_rows_widened(const float
 struct screened_rows {
     const float *x;
     const uint8_t *rounded;
+#if GROUP == 4
+    const struct outliers *outliers;
+#endif
 };
+
+/* row `i` of `x` alone (`width`: the rows' padded hidden size) */
+static struct screened_rows row_of(struct screened_rows x, int64_t i, int64_t width)
+{
+    x.x += i * width;
+    if (x.rounded == NULL) return x;
+    x.rounded += i * width;
+#if GROUP == 4
+    x.outliers += i;
+#endif
+    return x;
+}
 
 static void scan(struct screened_rows x, const int8_t *panels, const float *bounds, const struct magnitudes *xs,
                  int64_t num_rows, int64_t vocab_size, int64_t num_groups, struct candidates *rows)
@@ -352,16 +425,18 @@ static void scan(struct screened_rows x, const int8_t *panels, const float *boun
         memcpy(panel_bounds.weight_norm, bounds + 4 * padded + first_id, sizeof panel_bounds.weight_norm);
         memcpy(panel_bounds.weight_sum, bounds + 5 * padded + first_id, sizeof panel_bounds.weight_sum);
 #if GROUP == 4
-        for (int h = 0; h < 2; h++)
-            panel_bounds.offsets[h] =
-                _mm512_slli_epi32(_mm512_cvtps_epi32(_mm512_loadu_ps(bounds + 6 * padded + first_id + h * LANES)), 7);
+        for (int h = 0; h < 2; h++) {
+            floats sums;
+            memcpy(&sums, bounds + 6 * padded + first_id + h * LANES, sizeof sums);
+            panel_bounds.offsets[h] = __builtin_convertvector(sums, words) * ROUNDED_OFFSET;
+        }
 #endif
         for (int64_t first = 0; first < num_rows; first += ROWS) {
 #if GROUP == 4
 #define ROUNDED_ROWS(n)                                                                                            \
     if (x.rounded != NULL) {                                                                                       \
-        panel_rows_rounded(x.rounded + first * num_groups * GROUP, panel, num_groups, n, &panel_bounds, xs + first, \
-                           first_id, vocab_size, rows + first);                                                   \
+        panel_rows_rounded(x.rounded + first * num_groups * GROUP, x.outliers + first, panel, num_groups, n,       \
+                           &panel_bounds, xs + first, first_id, vocab_size, rows + first);                        \
         break;                                                                                                     \
     }
 #else
@@ -458,19 +533,52 @@ static struct magnitudes magnitudes(const float *row, int64_t hidden_size)
 }
 
 #if GROUP == 4
-/* `row` rounded to steps of its largest magnitude / 127, offset by 128 into `out` (`padded` bytes,
- * zero values past `hidden_size`), and its step and error's norm and largest magnitude into `x`.
- * A row that is not finite is computed exactly whatever its screen says: it screens as zeros. */
-static void round_row(const float *row, int64_t hidden_size, int64_t padded, uint8_t *out, struct magnitudes *x)
+/* the largest values of `row` past OUTLIER_RMS times its RMS (from its norm `norm`), at most
+ * MAX_OUTLIERS, into `outliers` (indices in order of magnitude, values not yet set) */
+static void find_outliers(const float *row, int64_t hidden_size, float norm, struct outliers *outliers)
 {
-    float largest = 0.f;
-    for (int64_t k = 0; k < hidden_size; k++) largest = fmaxf(largest, fabsf(row[k]));
+    const float threshold = OUTLIER_RMS * norm / sqrtf((float)hidden_size);
+    float magnitude[MAX_OUTLIERS];
+    outliers->count = 0;
+    for (int64_t k = 0; k < hidden_size; k++) {
+        const float m = fabsf(row[k]);
+        if (!(m > threshold) || (outliers->count == MAX_OUTLIERS && m <= magnitude[MAX_OUTLIERS - 1])) continue;
+        int32_t at = outliers->count < MAX_OUTLIERS ? outliers->count++ : MAX_OUTLIERS - 1;
+        for (; at > 0 && magnitude[at - 1] < m; at--) {
+            magnitude[at] = magnitude[at - 1];
+            outliers->index[at] = outliers->index[at - 1];
+        }
+        magnitude[at] = m;
+        outliers->index[at] = (int32_t)k;
+    }
+}
+
+static int is_outlier(const struct outliers *outliers, int64_t k)
+{
+    for (int32_t o = 0; o < outliers->count; o++)
+        if (outliers->index[o] == k) return 1;
+    return 0;
+}
+
+/* `row` but its outliers rounded to steps of its largest other magnitude / 127, offset by
+ * ROUNDED_OFFSET into `out` (`padded` bytes, zero values past `hidden_size` and at the outliers),
+ * its outliers into `outliers`, and its step and error's norm and largest magnitude into `x`. A
+ * row that is not finite is computed exactly whatever its screen says: it screens as zeros. */
+static void round_row(const float *row, int64_t hidden_size, int64_t padded, uint8_t *out, struct magnitudes *x,
+                      struct outliers *outliers)
+{
     const int finite = isfinite(x->sum);
+    outliers->count = 0;
+    if (finite) find_outliers(row, hidden_size, x->norm, outliers);
+    float largest = 0.f;
+    for (int64_t k = 0; k < hidden_size; k++)
+        if (!is_outlier(outliers, k)) largest = fmaxf(largest, fabsf(row[k]));
     x->step = finite && largest > 0.f ? largest / QUANT_MAX : 1.f;
+    for (int32_t o = 0; o < outliers->count; o++) outliers->value[o] = row[outliers->index[o]] / x->step;
     double squares = 0., error_max = 0.;
     for (int64_t k = 0; k < padded; k++) {
         float value = 0.f;
-        if (k < hidden_size && finite) {
+        if (k < hidden_size && finite && !is_outlier(outliers, k)) {
             value = nearbyintf(row[k] / x->step);
             value = fminf(fmaxf(value, -QUANT_MAX), QUANT_MAX);
             /* the product is exact in double: a float times a whole number below 2^8 */
@@ -478,7 +586,7 @@ static void round_row(const float *row, int64_t hidden_size, int64_t padded, uin
             squares += error * error;
             error_max = error > error_max ? error : error_max;
         }
-        out[k] = (uint8_t)(value + 128.f);
+        out[k] = (uint8_t)((int)value + ROUNDED_OFFSET); /* two's complement where the offset is 0 */
     }
     x->error_norm = nextafterf((float)sqrt(squares), INFINITY);
     x->error_max = nextafterf((float)error_max, INFINITY);
@@ -534,7 +642,7 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
         const int64_t rows = num_rows - first < CHUNK ? num_rows - first : CHUNK;
         const float *chunk = hidden + first * hidden_size;
         for (int64_t i = 0; i < rows; i++) xs[i] = magnitudes(chunk + i * hidden_size, hidden_size);
-        struct screened_rows x = {chunk, NULL};
+        struct screened_rows x = {.x = chunk};
         if (padded_rows != NULL) {
             for (int64_t i = 0; i < rows; i++)
                 memcpy(padded_rows + i * width, chunk + i * hidden_size, sizeof(float) * hidden_size);
@@ -542,14 +650,17 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
         }
 #if GROUP == 4
         struct magnitudes rounded_xs[CHUNK];
+        struct outliers outliers[CHUNK];
         int rounding = 1;
         for (int64_t i = 0; i < rows; i++) {
             rounded_xs[i] = xs[i];
-            round_row(chunk + i * hidden_size, hidden_size, width, rounded_rows + i * width, &rounded_xs[i]);
+            round_row(chunk + i * hidden_size, hidden_size, width, rounded_rows + i * width, &rounded_xs[i],
+                      &outliers[i]);
             rounding &= worth_rounding(rounded_xs[i], typical);
         }
         if (rounding) {
             x.rounded = rounded_rows;
+            x.outliers = outliers;
             memcpy(xs, rounded_xs, sizeof(struct magnitudes) * rows);
         }
 #else
@@ -572,7 +683,7 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
         for (int64_t i = 0; i < rows; i++) {
             const float *row = chunk + i * hidden_size;
             if (isfinite(xs[i].sum) && overflowed[i]) {
-                const struct screened_rows alone = {x.x + i * width, x.rounded == NULL ? NULL : x.rounded + i * width};
+                const struct screened_rows alone = row_of(x, i, width);
                 const int again =
                     screen_rows(alone, panels, bounds, xs + i, &floors[i], 1, vocab_size, num_groups, kept, 1, team);
                 int still;

@@ -8,10 +8,11 @@ step is bound by reading the LM head, and under the app's load more so (the demo
 39 MB, took 6-12 ms a step on the peer workload; 2-8 ms idle), so the pass reads an 8-bit copy
 of it, a quarter of float32's bytes (the demo's 19 MB, SmolLM2's 28 MB against 113), which rules
 out every id but a few; those few are computed exactly from the LM head itself. Where the CPU has
-AVX512-VNNI, the screen rounds the hidden rows to 8 bits as well, where their rounding's bound
-stays within twice the LM head's own (not SmolLM2's, whose hidden states hold a few outliers), and
-multiplies four 8-bit values an instruction: the demo's LM head on 2 threads at 8 / 40 rows took
-0.79 / 2.72 ms against 1.79 / 8.28 ms widening each value to a float (Intel Xeon). The greedy token
+AVX512-VNNI or AVX2, the screen rounds the hidden rows to 8 bits as well, but for a few values far
+past the rest (SmolLM2's hold such outliers), where their rounding's bound stays within twice the
+LM head's own, and multiplies four 8-bit values an instruction (AVX2: three): the demo's LM head on
+2 threads at 8 / 40 rows took 0.79 / 2.72 ms against 1.79 / 8.28 ms widening each value to a float
+(AVX512-VNNI, Intel Xeon), 0.68x / 0.67x the time with AVX2 (AMD EPYC). The greedy token
 is the one exact float32 logits give, bit for bit the pick of a full pass in float32: its logits
 sum in hidden order, another order than oneDNN's, as oneDNN's is than MKL's, and greedy outputs
 still match transformers' token for token (tests/engine/test_parity.py).
@@ -95,9 +96,11 @@ def _screen(weight: torch.Tensor, lanes: int, group: int) -> tuple[torch.Tensor,
     of the exact float32 one: the row's rounding error against x (Cauchy-Schwarz, or Hoelder with
     the largest error), and both float32 sums' rounding, at most (hidden_size + 1) roundoffs of |x|
     times the norm of what each multiplies (and a few more for the kernel's additions). Where the
-    kernel rounds x to 8 bits too (VNNI), x's error e against the rounded row adds
-    min(|e| * its norm, max |e_k| * its sum of magnitudes), and the rounding is of |x| + |e|. Each
-    bound is raised by 0.1% against the kernel's own float32 products.
+    kernel rounds x to 8 bits too (AVX2, AVX512-VNNI), x's error e against the rounded row adds
+    min(|e| * its norm, max |e_k| * its sum of magnitudes), and the rounding is of |x| + |e|; the
+    values it keeps out of the rounding have no error, and their products' float32 roundings, three
+    each, stay within the allowance: each is past 4x the row's RMS, so they are fewer than
+    hidden_size / 16. Each bound is raised by 0.1% against the kernel's own float32 products.
     """
     vocab_size, hidden_size = weight.shape
     padded = vocab_size + -vocab_size % (2 * lanes)

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 # torch.argmax does, so it goes without. It is never given to the link, where gcc would add
 # crtfastmath.o, whose constructor turns on flush-to-zero for the whole process, torch too.
 SOURCES = {"paged_attention.c": ("-ffast-math",), "greedy_head.c": ()}
-COMPILE = ("-c", "-O3", "-march=native", "-fopenmp", "-fPIC")
+COMPILE: tuple[str, ...] = ("-c", "-O3", "-march=native", "-fopenmp", "-fPIC")
 LINK = ("-shared", "-fopenmp")
 # what the engine does without them
 FALLBACK = "decode attention gathers the KV blocks for SDPA, a greedy step takes every logit from the LM head's matmul"

@@ -12,13 +12,14 @@ from engine.greedy_head import GreedyHead
 
 @pytest.fixture(autouse=True, params=["native", "widened"])
 def screen(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every test on the kernel as built here, and where that multiplies 8-bit values with
-    AVX512-VNNI, again on the pass a CPU without it builds: each 8-bit value widened to a float."""
+    """Every test on the kernel as built here, and where that multiplies 8-bit values four at a
+    time (AVX512-VNNI, AVX2), again on the pass a CPU without them builds: each 8-bit value widened
+    to a float."""
     if request.param == "widened":
         library = kernels.library()
         if library is None or library.greedy_head_group() == 1:
             pytest.skip("the native build widens already")
-        monkeypatch.setattr(kernels, "COMPILE", (*kernels.COMPILE, "-mno-avx512vnni"))
+        monkeypatch.setattr(kernels, "COMPILE", (*kernels.COMPILE, "-DGREEDY_HEAD_WIDENED"))
         kernels.library.cache_clear()
         library = kernels.library()
         assert library is not None and library.greedy_head_group() == 1
@@ -35,7 +36,7 @@ def reference(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def test_it_picks_what_argmax_picks_over_the_logits(bfloat16: bool, num_rows: int) -> None:
     generator = torch.Generator().manual_seed(num_rows)
     # a vocabulary that is no multiple of a panel, a hidden size that is no multiple of a vector
-    # nor of the four values VNNI multiplies at once
+    # nor of the four values a lane multiplies at once
     weight = torch.randn(1001, 70, generator=generator)
     if bfloat16:
         weight = weight.bfloat16().float()
@@ -72,7 +73,7 @@ def test_the_screen_bounds_the_hidden_rows_rounding_too() -> None:
     # the hidden row, in steps of 0.01 (1.27 / 127), rounds x_0 = 0.3049 down to 0.30 and x_1 =
     # 0.3851 up to 0.39, which puts the second 0.9 ahead on the screen: only the bound on the hidden
     # row's rounding keeps the first. The other rows are small and hold what 8 bits round, so that
-    # rounding the hidden row is worth it (where the CPU has VNNI).
+    # rounding the hidden row is worth it (where the CPU has AVX2 or AVX512-VNNI).
     generator = torch.Generator().manual_seed(5)
     weight = torch.randn(300, 8, generator=generator) * 0.1
     weight[:2] = 0.0
@@ -80,6 +81,30 @@ def test_the_screen_bounds_the_hidden_rows_rounding_too() -> None:
     hidden = torch.tensor([[0.3049, 0.3851, 1.27, 0.2, -0.5, 0.0, 0.71, -1.0]])
     head = GreedyHead(weight)
     assert head(hidden).tolist() == exact(head, hidden) == [0]
+
+
+@pytest.mark.parametrize("num_spikes", [3, 12])
+def test_a_few_hidden_values_far_past_the_rest_are_screened_unrounded(num_spikes: int) -> None:
+    # SmolLM2's final hidden states hold a few values 14x their RMS: the screen keeps up to 8 such
+    # values out of a hidden row's 8-bit rounding (where it rounds), and past 8 rounds the rest
+    generator = torch.Generator().manual_seed(num_spikes)
+    weight = torch.randn(5000, 96, generator=generator).bfloat16().float()
+    hidden = torch.randn(500, 96, generator=generator)
+    hidden[:, torch.randperm(96, generator=generator)[:num_spikes]] *= 20
+    head = GreedyHead(weight)
+    assert head(hidden).tolist() == exact(head, hidden)
+
+
+def test_the_largest_products_the_screen_meets_are_summed_whole() -> None:
+    # Every hidden value and every value of row 0 at the 8-bit extreme, their signs alike: AVX2
+    # sums 8-bit products in pairs within 16 bits, 2 x 127 x 127 = 32,258 here, just under
+    # 32,767; a pair that saturated would screen row 0 out, the largest logit by far
+    generator = torch.Generator().manual_seed(11)
+    signs = torch.randint(0, 2, (64,), generator=generator).float() * 2 - 1
+    weight = torch.randn(2000, 64, generator=generator) * 0.3
+    weight[0] = signs
+    hidden = 2 * signs[None]
+    assert GreedyHead(weight)(hidden).tolist() == reference(hidden, weight).tolist() == [0]
 
 
 def test_a_row_the_screen_cannot_narrow_is_computed_exactly() -> None:

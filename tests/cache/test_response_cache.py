@@ -396,6 +396,8 @@ async def test_a_first_question_with_nothing_to_compare_is_embedded_ahead_of_its
     assert await asyncio.wait_for(cache.lookup(SHARED, ASKED), timeout=10) is None
     assert await asyncio.to_thread(counting.entered.wait, 10)
     assert await asyncio.wait_for(cache.lookup(SHARED, REWORDED), timeout=10) is None
+    # with nothing left of the lookup's budget, a check compares only what is embedded already
+    assert await asyncio.wait_for(cache.paraphrase(SHARED, REWORDED, [ASKED], within_s=0), timeout=10) is None
     checking = asyncio.create_task(cache.paraphrase(SHARED, REWORDED, [ASKED]))
     gate.set()
     assert await checking == ASKED  # it joined the embeddings under way

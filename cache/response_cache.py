@@ -105,10 +105,10 @@ class ResponseCache:
     A lookup never waits on the database nor queues behind it. Its L1 read, a dict lookup, takes
     `_lock` on the event loop when it is free (the hop to a thread took 2.5 ms at p50 under the
     peer workload's 8 clients); the rest of its work in memory, and the L1 read when a writer holds
-    `_lock`, runs on a thread of its own (`_lookups`), not in the default pool with the units of work; its embedding
-    is batched with the lookups and stores around it (`BatchingEmbedder`), and holds no thread
-    while it waits; its hit is saved later, with the hits around it. A store embeds at a lower
-    priority than lookups, before it takes `_writer`.
+    `_lock`, runs on a thread of its own (`_lookups`), not in the default pool with the units of
+    work; its embedding is batched with the lookups and stores around it (`BatchingEmbedder`), and
+    holds no thread while it waits; its hit is saved later, with the hits around it. A store embeds
+    at a lower priority than lookups, before it takes `_writer`.
     """
 
     def __init__(

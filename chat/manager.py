@@ -282,9 +282,9 @@ class ChatManager:
         lookup_ends: float,
     ) -> tuple[MergedStream[StreamDelta], Compression | None]:
         """What a question the cache missed is answered by: the generation of a recent first
-        question it paraphrases (found by `lookup_ends`, time.perf_counter), joined; or its own,
-        `begun` during the lookup or started now, the history compressed first if the prompt
-        would not fit."""
+        question it paraphrases, joined (embeddings under way are waited for until `lookup_ends`,
+        on time.perf_counter's clock); or its own, `begun` during the lookup or started now, the
+        history compressed first if the prompt would not fit."""
         joined = await self._paraphrase_flight(scope, request, begun, lookup_ends)
         if joined is not None:
             if begun is not None:

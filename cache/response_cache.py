@@ -10,6 +10,7 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal, TypeVar
@@ -118,8 +119,10 @@ class ResponseCache:
         db: Database | None = None,
         *,
         judge: Judge | None = None,
+        claim_cpu: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`claim_cpu`: the engine's, held while a lookup's question is embedded (BatchingEmbedder)."""
         if embedder.name not in settings.thresholds:
             raise ValueError(
                 f"no L2 threshold for embedder {embedder.name!r}: run `python -m cache calibrate PAIRS.tsv` "
@@ -137,7 +140,9 @@ class ResponseCache:
         self._table = EntryTable(embedder.dim, settings.approx_index_min_entries, settings.ivf_nprobe)
         self._writer = asyncio.Lock()
         self._budget_s = settings.lookup_budget_ms / 1000
-        self._embeddings = BatchingEmbedder(embedder, settings.embed_batch_max, settings.embed_batch_window_ms / 1000)
+        self._embeddings = BatchingEmbedder(
+            embedder, settings.embed_batch_max, settings.embed_batch_window_ms / 1000, claim_cpu
+        )
         self._lookups = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cache-lookups")
         self._num_entries = 0
         self._pending: OrderedDict[str, np.ndarray] = OrderedDict()

@@ -26,6 +26,7 @@ import time
 import weakref
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Self
 
@@ -60,7 +61,7 @@ class EngineProcess(CallbackEngine):
 
     def __init__(self, spawned: Spawned) -> None:
         """Takes the process `spawn` started and waits for its model."""
-        self._process, self._conn = spawned.process, spawned.conn
+        self._process, self._conn, self._cpu_claim = spawned.process, spawned.conn, spawned.cpu_claim
         loaded = self._receive_loaded()
         logger.info("the engine runs in process %d", self._process.pid)
         self.model_name = loaded.model_name
@@ -97,6 +98,9 @@ class EngineProcess(CallbackEngine):
         """Starts taking requests; they are refused before."""
         self._started = True
         return self
+
+    def claim_cpu(self) -> AbstractContextManager[None]:
+        return self._cpu_claim.held()
 
     def abort(self, request_id: str) -> None:
         with self._send_lock:

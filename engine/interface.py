@@ -5,6 +5,7 @@ a process of its own (the app's choice), `RemoteEngine` sends the same token ids
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Protocol, Self
 
 if TYPE_CHECKING:
@@ -42,6 +43,12 @@ class Engine(Protocol):
     def num_waiting_requests(self) -> int: ...
 
     def figures(self) -> EngineFigures: ...
+
+    def claim_cpu(self) -> AbstractContextManager[None]:
+        """Held while the caller does work on this machine's CPU that a user waits for: an engine
+        computing on the CPU starts no step meanwhile, for at most tens of milliseconds
+        (cpu_claim.py)."""
+        ...
 
     def is_running(self) -> bool:
         """Whether a request sent now can be served."""

@@ -1,6 +1,7 @@
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Self
 
@@ -9,6 +10,7 @@ from .chat_format import ChatFormat
 from .checkpoints import eos_token_ids, load_config, load_tokenizer, resolve_checkpoint
 from .config import EngineConfig
 from .core import EngineCore
+from .cpu_claim import CpuClaim
 from .metrics import EngineFigures, RequestFigures
 from .outputs import FinishReason, RequestOutput, StreamDelta
 from .request import InputProcessor, Request
@@ -27,7 +29,8 @@ class LLMEngine(CallbackEngine):
     the stopped flag. The core and `_requests` belong to the loop thread alone.
     """
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, cpu_claim: CpuClaim | None = None) -> None:
+        """`cpu_claim`: the app's, when this engine runs in a process of its own (process_main.py)."""
         self.config = config
         checkpoint = resolve_checkpoint(config.model, Path(config.data_dir))
         if checkpoint.is_demo:
@@ -47,6 +50,7 @@ class LLMEngine(CallbackEngine):
         self.model_name = checkpoint.name
         self.is_demo_model = checkpoint.is_demo
         self.device, self.dtype = device, dtype
+        self.cpu_claim = cpu_claim or CpuClaim()
         self.num_parameters: int | None = sum(parameter.numel() for parameter in model.parameters())
         self.max_model_len = self.core.max_model_len
         self.max_num_seqs = config.max_num_seqs
@@ -77,6 +81,9 @@ class LLMEngine(CallbackEngine):
         self._after_outputs = after_outputs
         self._thread.start()
         return self
+
+    def claim_cpu(self) -> AbstractContextManager[None]:
+        return self.cpu_claim.held()
 
     def abort(self, request_id: str) -> None:
         with self._lock:
@@ -156,6 +163,8 @@ class LLMEngine(CallbackEngine):
             if stopped:
                 break
             if self.core.has_unfinished_sequences():
+                if self.device.type == "cpu":
+                    self.cpu_claim.wait()
                 try:
                     for seq, token_ids in self.core.step():
                         self._on_tokens(self._requests[seq.request_id], token_ids)

@@ -21,6 +21,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from .config import EngineConfig
+from .cpu_claim import CpuClaim
 from .metrics import EngineFigures
 from .outputs import FinishReason, RequestOutput, StreamDelta
 from .sampling_params import SamplingParams
@@ -38,6 +39,7 @@ class Spawned:
 
     process: BaseProcess
     conn: Connection
+    cpu_claim: CpuClaim
 
 
 def spawn(config: EngineConfig) -> Spawned:
@@ -45,12 +47,16 @@ def spawn(config: EngineConfig) -> Spawned:
     threads. Its log records come at this process's logging level as it is now."""
     context = multiprocessing.get_context("spawn")
     conn, child_conn = context.Pipe()
+    cpu_claim = CpuClaim()
     process = context.Process(
-        target=serve, args=(config, child_conn, logging.getLogger().getEffectiveLevel()), name="llm-engine", daemon=True
+        target=serve,
+        args=(config, child_conn, logging.getLogger().getEffectiveLevel(), cpu_claim),
+        name="llm-engine",
+        daemon=True,
     )
     process.start()
     child_conn.close()
-    return Spawned(process, conn)
+    return Spawned(process, conn, cpu_claim)
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,7 @@ class _PipeHandler(logging.handlers.QueueHandler):
         self._send_message(("log", record))
 
 
-def serve(config: EngineConfig, conn: Connection, log_level: int) -> None:
+def serve(config: EngineConfig, conn: Connection, log_level: int, cpu_claim: CpuClaim) -> None:
     """The process: loads the engine, then runs what the app sends until it says stop or goes."""
     # Before torch's OpenMP loads: its workers sleep between ops, which the engine's thread counts
     # were chosen under (model_runner.py), and a worker spinning would take the core the app needs.
@@ -105,7 +111,7 @@ def serve(config: EngineConfig, conn: Connection, log_level: int) -> None:
     root.handlers = [_PipeHandler(send)]
     root.setLevel(log_level)
     try:
-        engine = LLMEngine(config)
+        engine = LLMEngine(config, cpu_claim)
     except Exception as exc:  # noqa: BLE001 - raised again in the app's process
         with contextlib.suppress(OSError):  # unless the app is gone
             send(("failed", _sendable(exc)))

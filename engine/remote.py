@@ -13,6 +13,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Self
 
@@ -107,6 +108,10 @@ class RemoteEngine:
     @property
     def num_waiting_requests(self) -> int:
         return self._num_waiting
+
+    def claim_cpu(self) -> AbstractContextManager[None]:
+        """Nothing to claim: the model computes on another machine."""
+        return nullcontext()
 
     def stream(
         self,

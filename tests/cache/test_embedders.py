@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from cache.embeddings import BatchingEmbedder, CachedEmbedder, Embedder
+from engine.cpu_claim import CpuClaim
 
 
 class Counting:
@@ -16,9 +17,12 @@ class Counting:
         self.gate = gate
         self.asked: list[list[str]] = []
         self.entered = threading.Event()  # set as a forward begins
+        self.claim = CpuClaim()  # what an engine's claim_cpu holds
+        self.claimed: list[bool] = []  # whether each forward ran under the claim
 
     def encode(self, texts: list[str]) -> np.ndarray:
         self.asked.append(list(texts))
+        self.claimed.append(self.claim.is_held)
         self.entered.set()
         if self.gate is not None:
             self.gate.wait()
@@ -71,6 +75,16 @@ async def test_lookups_fill_a_batch_before_stores(embedder: Embedder) -> None:
     lookups = [asyncio.create_task(batching.embed(text)) for text in ("lookup 1", "lookup 2")]
     await asyncio.gather(*stores, *lookups)
     assert counting.asked == [["lookup 1", "lookup 2"], ["store 1", "store 2"]]
+
+
+async def test_a_forward_with_a_lookup_claims_the_cpu_and_a_store_alone_does_not(embedder: Embedder) -> None:
+    counting = Counting(embedder)
+    batching = BatchingEmbedder(counting, max_batch=8, window_s=0, claim_cpu=counting.claim.held)
+    await batching.embed("a store", urgent=False)
+    await asyncio.gather(batching.embed("a lookup"), batching.embed("another store", urgent=False))
+    assert counting.asked == [["a store"], ["a lookup", "another store"]]
+    assert counting.claimed == [False, True]
+    assert not counting.claim.is_held
 
 
 async def test_a_caller_joins_the_forward_of_its_text_and_the_rest_wait_for_the_next(embedder: Embedder) -> None:

@@ -1,12 +1,14 @@
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from engine import LLMEngine, RequestOutput, SamplingParams, StreamDelta
+from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams, StreamDelta
+from engine.cpu_claim import CpuClaim
 from engine.metrics import RequestFigures
 from engine.model_runner import SMALL_LAYER_BYTES
 from engine.request import OutputCallback
@@ -342,6 +344,26 @@ def test_shutdown_aborts_requests_in_flight(small_checkpoint: Checkpoint) -> Non
     assert collector.wait(1)[request_id].finish_reason in ("abort", "length")
     with pytest.raises(RuntimeError, match="shut down"):
         engine.add_request(prompt_of(10), SamplingParams())
+
+
+def test_a_cpu_engine_starts_no_step_while_the_app_claims_the_cpu(small_checkpoint: Checkpoint) -> None:
+    claim = CpuClaim(max_hold_s=60)
+    with LLMEngine(EngineConfig(model=str(small_checkpoint.path), kv_cache_tokens=1024), claim) as engine:
+        expected = engine.generate([prompt_of(10)], SamplingParams(max_tokens=4))[0].token_ids
+        collector = Collector()
+        with engine.claim_cpu():
+            engine.add_request(prompt_of(10), SamplingParams(max_tokens=4), callback=collector)
+            time.sleep(0.5)  # a step of the small model takes milliseconds
+            assert collector.deltas == {}
+        assert next(iter(collector.wait(1).values())).token_ids == expected
+
+
+def test_a_claim_holds_the_engine_back_for_at_most_its_max_hold(small_checkpoint: Checkpoint) -> None:
+    claim = CpuClaim(max_hold_s=0.01)
+    engine = LLMEngine(EngineConfig(model=str(small_checkpoint.path), kv_cache_tokens=1024), claim)
+    with engine, claim.held():  # never let go while the request runs
+        output = engine.generate([prompt_of(10)], SamplingParams(max_tokens=8))[0]
+    assert len(output.token_ids) == 8
 
 
 def test_a_stopped_engine_gives_its_kv_pool_back(small_checkpoint: Checkpoint) -> None:

@@ -42,12 +42,12 @@ class Spawned:
     cpu_claim: CpuClaim
 
 
-def spawn(config: EngineConfig) -> Spawned:
+def spawn(config: EngineConfig, cpu_claim: CpuClaim | None = None) -> Spawned:
     """Starts the engine's process. Spawned, not forked: a fork would copy the locks of the app's
     threads. Its log records come at this process's logging level as it is now."""
     context = multiprocessing.get_context("spawn")
     conn, child_conn = context.Pipe()
-    cpu_claim = CpuClaim()
+    cpu_claim = cpu_claim or CpuClaim()
     process = context.Process(
         target=serve,
         args=(config, child_conn, logging.getLogger().getEffectiveLevel(), cpu_claim),

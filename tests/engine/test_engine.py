@@ -1,6 +1,5 @@
 import asyncio
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -344,18 +343,6 @@ def test_shutdown_aborts_requests_in_flight(small_checkpoint: Checkpoint) -> Non
     assert collector.wait(1)[request_id].finish_reason in ("abort", "length")
     with pytest.raises(RuntimeError, match="shut down"):
         engine.add_request(prompt_of(10), SamplingParams())
-
-
-def test_a_cpu_engine_starts_no_step_while_the_app_claims_the_cpu(small_checkpoint: Checkpoint) -> None:
-    claim = CpuClaim(max_hold_s=60)
-    with LLMEngine(EngineConfig(model=str(small_checkpoint.path), kv_cache_tokens=1024), claim) as engine:
-        expected = engine.generate([prompt_of(10)], SamplingParams(max_tokens=4))[0].token_ids
-        collector = Collector()
-        with engine.claim_cpu():
-            engine.add_request(prompt_of(10), SamplingParams(max_tokens=4), callback=collector)
-            time.sleep(0.5)  # a step of the small model takes milliseconds
-            assert collector.deltas == {}
-        assert next(iter(collector.wait(1).values())).token_ids == expected
 
 
 def test_a_claim_holds_the_engine_back_for_at_most_its_max_hold(small_checkpoint: Checkpoint) -> None:

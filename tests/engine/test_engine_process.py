@@ -12,9 +12,11 @@ from collections.abc import Iterator
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from engine import LLMEngine, SamplingParams
+from engine import EngineConfig, LLMEngine, SamplingParams
+from engine.cpu_claim import CpuClaim
 from engine.engine_process import EngineProcess
 from engine.metrics import RequestFigures
+from engine.process_main import spawn
 from tests.engine.conftest import Checkpoint
 from tests.engine.test_engine import Collector, prompt_of
 
@@ -51,6 +53,18 @@ def test_a_stream_yields_what_generate_returns(engine: EngineProcess) -> None:
         ]
 
     assert asyncio.run(stream()) == whole.token_ids
+
+
+def test_the_engines_process_starts_no_step_while_the_app_claims_the_cpu(small_checkpoint: Checkpoint) -> None:
+    config = EngineConfig(model=str(small_checkpoint.path), kv_cache_tokens=1024)
+    with EngineProcess(spawn(config, CpuClaim(max_hold_s=60))) as engine:
+        expected = engine.generate([prompt_of(10)], SamplingParams(max_tokens=4))[0].token_ids
+        collector = Collector()
+        with engine.claim_cpu():  # shared memory: the process reads what this one holds
+            engine.add_request(prompt_of(10), SamplingParams(max_tokens=4), callback=collector)
+            time.sleep(0.5)  # a step of the small model takes milliseconds
+            assert collector.deltas == {}
+        assert next(iter(collector.wait(1).values())).token_ids == expected
 
 
 def test_text_and_stop_strings_are_as_in_this_process(

@@ -105,7 +105,11 @@ def build_app(settings: Settings, spawned: Spawned | None = None) -> FastAPI:
     chat_manager = build_chat_manager(settings, engine, db)
     scheduler = AsyncIOScheduler(timezone="UTC")
     assistant = settings.assistant
-    memory = MemoryStore(db, build_embedder(settings.cache), assistant) if assistant.memory else None
+    memory = (
+        MemoryStore(db, build_embedder(settings.cache), assistant, claim_cpu=engine.claim_cpu)
+        if assistant.memory
+        else None
+    )
     distiller = None if memory is None else Distiller(engine, engine.chat_format(), memory, db, assistant)
     reminders = Reminders(
         scheduler,

@@ -9,12 +9,14 @@ served from nor stored in the shared response cache (`ChatManager.turn(notes=...
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
@@ -95,10 +97,19 @@ class MemoryStore:
     """The memories' rows are the truth: an owner's index is rebuilt when the rows changed (another
     replica, or this one), checked with one indexed count per recall."""
 
-    def __init__(self, db: Database, embedder: Embedder, settings: AssistantSettings) -> None:
+    def __init__(
+        self,
+        db: Database,
+        embedder: Embedder,
+        settings: AssistantSettings,
+        claim_cpu: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+    ) -> None:
+        """`claim_cpu`: the engine's, held while a recall embeds its question, which the turn
+        waits for as it waits for a cache lookup's (engine/cpu_claim.py)."""
         self.db = db
         self.embedder = embedder
         self.settings = settings
+        self.claim_cpu = claim_cpu
         self._indexes: OrderedDict[str, _OwnerIndex] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()  # the indexes, touched from worker threads
         # Saves and recalls embed, and the embedder takes one call at a time (15-50 ms each on 2
@@ -184,7 +195,8 @@ class MemoryStore:
         owner_index = self._index(owner)
         if owner_index is None:
             return []
-        vector = self.embedder.encode([question])[0]
+        with self.claim_cpu():
+            vector = self.embedder.encode([question])[0]
         with self._lock:
             found = owner_index.index.search(vector, self.settings.recall_memories)
         minimum = self.settings.recall_min_similarity

@@ -32,8 +32,9 @@ POLL_S = 0.0005
 
 
 class CpuClaim:
-    """Held by the app's threads (the cache's embedding thread), each for as long as its work runs;
-    read by the engine's loop. Passed to the engine's process as it is spawned."""
+    """Held by the app's threads (the cache's embedding thread, the memory's for a recall), each for
+    as long as its work runs; read by the engine's loop. Passed to the engine's process as it is
+    spawned."""
 
     def __init__(self, max_hold_s: float = MAX_HOLD_S) -> None:
         self.max_hold_s = max_hold_s

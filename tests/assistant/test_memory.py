@@ -14,6 +14,7 @@ from chat import Conversation
 from chat.manager import with_notes
 from settings import AssistantSettings
 from storage import Database
+from tests.cache.test_embedders import Counting
 from tests.chat.chat_support import ManagerFactory
 
 ALICE = Conversation("feishu", "oc_alice_dm", "p2p", "ou_alice")
@@ -101,6 +102,18 @@ async def test_recall_finds_the_owners_fact_by_meaning_and_nobody_elses(memory: 
     assert await memory.recall(owner_of(BOB), "where is my desk?") == []
     assert await memory.recall(owner_of(ALICE), "who is my boss?") == []  # that one is Alice's in the group
     assert await memory.recall(owner_of(ALICE_IN_GROUP), "who is my boss?") == ["my manager is Alice Wang"]
+
+
+async def test_a_recall_claims_the_cpu_and_a_save_does_not(db: Database, embedder: Embedder) -> None:
+    """A turn waits for its recall's forward, as for a cache lookup's; a save (a distilled fact,
+    in the background) is not waited for."""
+    counting = Counting(embedder)
+    memory = MemoryStore(db, counting, AssistantSettings(), claim_cpu=counting.claim.held)
+    await memory.save(owner_of(ALICE), "my desk is 4F-12")
+    assert await memory.recall(owner_of(ALICE), "where is my desk?") == ["my desk is 4F-12"]
+    forwards = [(texts, claimed) for texts, claimed in zip(counting.asked, counting.claimed, strict=True) if texts]
+    assert forwards == [(["my desk is 4F-12"], False), (["where is my desk?"], True)]
+    assert not counting.claim.is_held
 
 
 async def test_recalls_waiting_for_the_embedder_hold_no_worker_the_turns_need(memory: MemoryStore) -> None:

@@ -28,6 +28,7 @@ from chat.history import TokenHistory
 from chat.merging import MergedStream, RequestMerger
 from chat.reply import Reply
 from chat.sessions import API_CHANNEL, Conversation, SessionState, SessionStore
+from chat.summarizer import SUMMARY_PRIORITY
 from chat.tool_calls import ToolUse
 from chat.transcripts import Transcript
 from chat.turns import InvalidMessage, Turn, TurnResult, require_unicode
@@ -459,6 +460,8 @@ class ChatManager:
                 log.exception("session %d: compression ahead of the next turn failed", session.id)
                 return
         self._compressed(session, num_tokens, compression)
+        if not compression.pending:
+            self._prefill_ahead(session)
 
     async def _summarize(self, session: SessionState, compression: Compression) -> None:
         """The model's summaries of a compression's spans, written without holding the session,
@@ -473,9 +476,27 @@ class ChatManager:
                 )
                 if rewritten is not None:
                     await self.sessions.save_summaries(session, rewritten)
+                    self._prefill_ahead(session)
         except Exception:
             # The stand-ins stay: they are what the messages said, only longer-winded.
             log.exception("session %d: writing the summaries of a compression failed", session.id)
+
+    def _prefill_ahead(self, session: SessionState) -> None:
+        """The history a compression or its summaries rewrote in the background, prefilled for the
+        next turn behind every user's turn: its prefix changed, so that turn would compute all of
+        it again before its first token (`bench/claims_bench.py`'s compressed conversation of
+        pasted logs, 2 cores: SmolLM2 2.6 s against 0.11 s prefilled, the demo model 63 against
+        9 ms)."""
+        self._in_background(self._prefill(session.id, session.history), f"prefill-session-{session.id}")
+
+    async def _prefill(self, session_id: int, history: TokenHistory) -> None:
+        params = SamplingParams(temperature=0.0, max_tokens=1, priority=SUMMARY_PRIORITY)
+        try:
+            async for _ in self.engine.stream(history.prompt(), params):
+                pass
+        except Exception:
+            # The next turn prefills the history itself.
+            log.exception("session %d: prefilling the rewritten history failed", session_id)
 
     def _in_background(self, work: Coroutine[None, None, None], name: str) -> asyncio.Task[None]:
         task = asyncio.create_task(work, name=name)

@@ -18,7 +18,7 @@ from chat.compression import STAND_IN_PREFIX
 from chat.reply import Reply
 from chat.sessions import SessionState
 from chat.summarizer import SUMMARY_PREFIX
-from engine import SamplingParams, StreamDelta
+from engine import LLMEngine, SamplingParams, StreamDelta
 from storage import Chat, Database, Message, MessageRepository, SessionRepository
 from tests.chat.chat_support import GREEDY, ManagerFactory, ask, session_of, small_context
 from tests.support import until
@@ -486,6 +486,26 @@ async def test_compression_runs_ahead_of_the_next_turn(managers: ManagerFactory)
     assert state.history.num_tokens < context.max_prompt_tokens * context.compress_ahead_ratio
     restored = await (await managers(context=context)).sessions.open(BOB)
     assert restored.history.token_ids.tolist() == state.history.token_ids.tolist()
+
+
+async def test_a_history_rewritten_in_the_background_is_prefilled_for_the_next_turn(
+    managers: ManagerFactory, engine: LLMEngine
+) -> None:
+    """A compression ahead of the turn and its summaries change the prompt's prefix; the next turn
+    still computes only its own message, the rest prefilled while the user typed. Bob's
+    compressions wait for their summaries; Alice's, of the same notes at first, find them written
+    (her later notes are her own: no prompt of Bob's covers her compressed history)."""
+    context = small_context(max_prompt_tokens=512, compress_ahead_ratio=0.8)
+    manager = await managers(context=context)
+    block_size = engine.config.block_size
+    for conversation, later in ((BOB, "fox"), (ALICE, "cat")):
+        for index in range(12):
+            history = session_of(manager, conversation).history.num_tokens if index else 0
+            animal = "fox" if index < 8 else later
+            result = await ask(manager, conversation, f"Note {index}: " + f"the quick brown {animal} jumps " * 3)
+            assert result.cached_tokens >= history - block_size, (conversation, index, result.cached_tokens, history)
+            await manager.settle()
+        assert session_of(manager, conversation).compressions >= 1
 
 
 async def test_a_turn_never_waits_for_a_compression_planned_ahead(managers: ManagerFactory) -> None:

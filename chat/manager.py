@@ -492,8 +492,9 @@ class ChatManager:
     async def _prefill(self, session_id: int, history: TokenHistory) -> None:
         params = SamplingParams(temperature=0.0, max_tokens=1, priority=SUMMARY_PRIORITY)
         try:
-            async for _ in self.engine.stream(history.prompt(), params):
-                pass
+            # drained to its end: the blocks enter the prefix cache as they are computed
+            deltas = [delta async for delta in self.engine.stream(history.prompt(), params)]
+            log.debug("session %d: rewritten history prefilled (%s)", session_id, deltas[-1].finish_reason)
         except Exception:
             # The next turn prefills the history itself.
             log.exception("session %d: prefilling the rewritten history failed", session_id)

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 from sqlalchemy.exc import SQLAlchemyError
@@ -75,6 +75,7 @@ class CacheFigures:
     rejected_judge: int
     skipped_pii: int
     over_budget: int  # lookups that missed because their question was not embedded within the budget
+    outrun: int  # lookups that missed because the model, started meanwhile, began the answer first
     evictions: int
     expired: int
     lookup_ms_p50: float
@@ -163,13 +164,14 @@ class ResponseCache:
         question: str,
         max_tokens: int | None = None,
         *,
-        while_embedding: Callable[[], None] | None = None,
+        while_embedding: Callable[[], asyncio.Future[None]] | None = None,
     ) -> CacheHit | None:
         """An earlier answer to `question` in `scope` that this request may get: a complete one,
         or one the model cut at its max_tokens when this request asks for no more (`max_tokens`;
         None: a complete answer only). `while_embedding` is called when L1 has missed and the
         question is about to be embedded, which takes tens of milliseconds: the caller may start
-        meanwhile what a miss needs."""
+        meanwhile what a miss needs, and returns a future done once that has begun the answer
+        (`race_model`: the lookup then misses)."""
         if not self.settings.enabled:
             return None
         if contains_pii(question):
@@ -184,10 +186,9 @@ class ResponseCache:
         hit, comparable = found
         text, vector = embedded_text(question), None
         if hit is None and comparable and text is not None:
-            if while_embedding is not None:
-                while_embedding()
+            answering = None if while_embedding is None else while_embedding()
             # the budget is the whole lookup's: the L1 pass may have waited (a busy loop, a writer)
-            vector = await self._embedding_in_budget(text, self._budget_s - (time.perf_counter() - started))
+            vector = await self._embedding_in_budget(text, self._budget_s - (time.perf_counter() - started), answering)
         elif hit is None and scope.shared and text is not None and key not in self._embedding_ahead:
             self._embedding_ahead[key] = asyncio.create_task(self._embed_ahead(key, text))
         if vector is not None:
@@ -221,13 +222,20 @@ class ResponseCache:
         return True
 
     async def paraphrase(
-        self, scope: Scope, question: str, others: Sequence[str], *, within_s: float | None = None
+        self,
+        scope: Scope,
+        question: str,
+        others: Sequence[str],
+        *,
+        within_s: float | None = None,
+        answering: asyncio.Future[None] | None = None,
     ) -> str | None:
         """The first of `others`, questions being answered now in `scope`, that `question` asks
         again in other words by the L2 gate (threshold, verifier, judge): a request may share its
         generation. It embeds nothing: it compares the vectors the questions' lookups left, or
-        joins their embedding under way for at most `within_s` (None: the lookup budget); a
-        question whose lookup could not embed it (its budget ran out) is not compared. Embedding
+        joins their embedding under way for at most `within_s` (None: the lookup budget) and, with
+        `race_model`, until `answering`, the request's own generation, has begun; a question
+        whose lookup could not embed it (its budget ran out) is not compared. Embedding
         them here took the embedder from the lookups: on the peer workload, 134 requests to the
         embedder for 44 first questions, 27 of whose lookups gave up, and a check took 46 ms at p50."""
         # a question with PII is never merged (its answer may hold the PII), a long one never by meaning
@@ -235,7 +243,9 @@ class ResponseCache:
         if not self.settings.enabled or contains_pii(question) or embedded_text(question) is None or not others:
             return None
         wait_s = self._budget_s if within_s is None else within_s
-        own, *vectors = await asyncio.gather(*(self._vector(q, l1_key(scope, q), wait_s) for q in [question, *others]))
+        own, *vectors = await asyncio.gather(
+            *(self._vector(q, l1_key(scope, q), wait_s, answering) for q in [question, *others])
+        )
         if own is None:
             return None
         for other, vector in zip(others, vectors, strict=True):
@@ -255,31 +265,51 @@ class ResponseCache:
         if self._hit_saver is not None:
             await self._hit_saver
 
-    async def _embedding_in_budget(self, text: str, budget_s: float) -> np.ndarray | None:
+    async def _embedding_in_budget(
+        self, text: str, budget_s: float, answering: asyncio.Future[None] | None
+    ) -> np.ndarray | None:
         """A question's vector (`text`: its `embedded_text`), or None past `budget_s`: under a
         burst the embedder's queue outgrows any wait a hit could save (300 concurrent lookups on 2
         cores: p99 0.8 s), so a lookup past its budget leaves the queue, its question not
         embedded, and misses; one that the queue ahead of it could not serve within the budget
-        misses at once."""
-        if budget_s > 0:
-            with contextlib.suppress(TimeoutError, EmbedderBusy):
-                return await asyncio.wait_for(self._embeddings.embed(text, within_s=budget_s), budget_s)
-        self._counts["over_budget"] += 1
+        misses at once. So does one the model outruns (`_racing`)."""
+        if budget_s <= 0:
+            self._counts["over_budget"] += 1
+            return None
+        embedding = asyncio.ensure_future(self._embeddings.embed(text, within_s=budget_s))
+        racing = self._racing(answering)
+        racers: set[asyncio.Future[Any]] = {embedding, *racing}
+        try:
+            done, _ = await asyncio.wait(racers, timeout=budget_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            embedding.cancel()  # the question leaves the queue, unless it is embedded already
+        if embedding in done and not isinstance(embedding.exception(), EmbedderBusy):
+            return embedding.result()
+        self._counts["outrun" if embedding not in done and done & racing else "over_budget"] += 1
         return None
 
-    async def _vector(self, question: str, key: str, within_s: float) -> np.ndarray | None:
+    def _racing(self, answering: asyncio.Future[None] | None) -> set[asyncio.Future[None]]:
+        """What ends a wait for an embedding before its budget: the model, started meanwhile,
+        beginning the answer. A hit after that would only keep the user from the model's first
+        words (--compare, 2 cores: the lookups of first questions, their embeddings queued
+        behind others', ran into their 250 ms budget with the answer's first token ready after
+        30-140 ms)."""
+        return {answering} if answering is not None and self.settings.race_model else set()
+
+    async def _vector(
+        self, question: str, key: str, within_s: float, answering: asyncio.Future[None] | None
+    ) -> np.ndarray | None:
         """`question`'s vector if its lookup left one or it is being embedded now (joined, for at
-        most `within_s`: no more work), else None."""
+        most `within_s` and until `answering` has begun, racing it: no more work), else None."""
         vector = self._pending.get(key)
         text = embedded_text(question)
         if vector is not None or text is None or within_s <= 0:
             return vector
         if (ahead := self._embedding_ahead.get(key)) is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(ahead), within_s)
+            await asyncio.wait({ahead, *self._racing(answering)}, timeout=within_s, return_when=asyncio.FIRST_COMPLETED)
             return self._pending.get(key)
         if self._embeddings.is_embedding(text):
-            vector = await self._embedding_in_budget(text, within_s)
+            vector = await self._embedding_in_budget(text, within_s, answering)
             if vector is not None:
                 self._remember(key, vector)
         return vector
@@ -579,6 +609,7 @@ class ResponseCache:
             rejected_judge=counts["rejected_judge"],
             skipped_pii=counts["skipped_pii"],
             over_budget=counts["over_budget"],
+            outrun=counts["outrun"],
             evictions=counts["evictions"],
             expired=counts["expired"],
             lookup_ms_p50=float(np.percentile(latencies, 50)) if latencies.size else 0.0,

@@ -236,11 +236,14 @@ class ChatManager:
                 begun.append(flight)
                 streams.callback(flight.leave)
 
-            def begin() -> None:
+            def begin() -> asyncio.Future[None]:
                 # Embedding the question takes 30-90 ms on 2 cores, about what the engine takes to
-                # start on a short prompt: it starts meanwhile, and a hit stops it. A question the
-                # cache embeds opens its conversation, so there is nothing to compress first.
-                keep(self._flight(scope, request, self._prompt(session.history, request)))
+                # start on a short prompt: it starts meanwhile, a hit stops it, and its first token
+                # ends the lookup (cache.race_model). A question the cache embeds opens its
+                # conversation, so there is nothing to compress first.
+                if not begun:
+                    keep(self._flight(scope, request, self._prompt(session.history, request)))
+                return begun[0].began
 
             if early is not None:
                 keep(early)
@@ -251,9 +254,7 @@ class ChatManager:
             # (--compare, 2-core AMD EPYC: FAQ and paraphrase TTFT p95 up to 294 ms, budget 250).
             lookup_ends = time.perf_counter() + self.cache.settings.lookup_budget_ms / 1000
             if not request.private:
-                hit = await self.cache.lookup(
-                    scope, request.text, request.params.max_tokens, while_embedding=None if begun else begin
-                )
+                hit = await self.cache.lookup(scope, request.text, request.params.max_tokens, while_embedding=begin)
             if hit is not None:
                 turn.cache_level = hit.level
                 self._served_from_cache(reply, hit, request.params)
@@ -383,7 +384,9 @@ class ChatManager:
         if not flights:
             return None
         within_s = lookup_ends - time.perf_counter()
-        same = await self.cache.paraphrase(scope, request.text, list(flights), within_s=within_s)
+        same = await self.cache.paraphrase(
+            scope, request.text, list(flights), within_s=within_s, answering=None if begun is None else begun.began
+        )
         return None if same is None else self.merger.join(flights[same])
 
     @staticmethod

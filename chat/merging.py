@@ -36,12 +36,15 @@ class _Flight(Generic[T]):
     error: BaseException | None = None
     waiters: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    began: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     task: asyncio.Task[None] | None = None
     group: str = ""
     label: str = ""
     started_at: float = field(default_factory=time.monotonic)
 
     def publish(self) -> None:
+        if not self.began.done():
+            self.began.set_result(None)
         self.changed.set()
         self.changed = asyncio.Event()
 
@@ -77,6 +80,12 @@ class MergedStream(Generic[T]):
                 return
             else:
                 await flight.changed.wait()
+
+    @property
+    def began(self) -> asyncio.Future[None]:
+        """Done once the flight has its first item, or has ended: what a cache lookup racing
+        the generation waits for."""
+        return self._flight.began
 
     @property
     def started_at(self) -> float:

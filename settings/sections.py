@@ -199,6 +199,7 @@ class CacheSettings(Section):
     embed_batch_max: int = Field(64, ge=1, le=1024)
     embed_batch_window_ms: float = Field(2.0, ge=0, le=100)
     lookup_budget_ms: int = Field(80, ge=1, le=60_000)
+    race_model: bool = True
     sync_interval_s: float = Field(5.0, ge=0.5, le=3600)
 
 

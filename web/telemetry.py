@@ -94,6 +94,9 @@ class ChatManagerCollector(Collector):
         yield CounterMetricFamily(
             "clawdbot_cache_over_budget", "lookups missed: not embedded within the budget", value=cache.over_budget
         )
+        yield CounterMetricFamily(
+            "clawdbot_cache_outrun", "lookups missed: the model began the answer first", value=cache.outrun
+        )
 
         requests = GaugeMetricFamily("clawdbot_engine_requests", "engine requests, by state", labels=["state"])
         requests.add_metric(["running"], engine.requests.running)

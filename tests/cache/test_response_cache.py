@@ -319,6 +319,35 @@ async def test_a_lookup_past_its_budget_misses_and_leaves_the_embedder_s_queue(
     assert await cache.lookup(SHARED, "What's Docker?") is not None
 
 
+@pytest.mark.parametrize("race_model", [True, False])
+async def test_a_lookup_racing_the_model_misses_once_the_answer_has_begun(
+    embedder: Embedder, clock: Clock, race_model: bool
+) -> None:
+    gate = threading.Event()
+    gate.set()
+    held = Counting(embedder, gate)
+    cache = make_cache(held, clock, lookup_budget_ms=60_000, race_model=race_model)
+    await cache.store(SHARED, "What is Docker?", "d")
+    gate.clear()
+    held.entered.clear()
+    answering = asyncio.get_running_loop().create_future()  # the generation begun during the lookup
+    lookup = asyncio.create_task(cache.lookup(SHARED, "What's Docker?", while_embedding=lambda: answering))
+    try:
+        assert await asyncio.to_thread(held.entered.wait, 30)  # the question's forward, held
+        answering.set_result(None)  # the model's first token
+        if race_model:
+            assert await asyncio.wait_for(lookup, 10) is None
+            assert (cache.figures().outrun, cache.figures().over_budget) == (1, 0)
+            return
+        await asyncio.sleep(0.1)
+        assert not lookup.done()
+    finally:
+        gate.set()
+    hit = await lookup
+    assert hit is not None and hit.level is CacheLevel.SEMANTIC
+    assert cache.figures().outrun == 0
+
+
 async def test_the_budget_is_the_whole_lookup_s_so_one_whose_exact_pass_took_it_is_not_embedded(
     embedder: Embedder, clock: Clock
 ) -> None:

@@ -48,11 +48,13 @@ class ManagerFactory:
         context: ContextSettings = CONTEXT,
         generation: GenerationSettings = GREEDY,
         max_message_chars: int = 8000,
+        race_model: bool = False,
     ) -> ChatManager:
         chat_format = self.engine.chat_format(enable_thinking=context.enable_thinking)
         direct_format = self.engine.chat_format()
         response_cache = ResponseCache(
-            CacheSettings(enabled=cache, lookup_budget_ms=60_000),  # what is found, not how fast
+            # what is found, not how fast: a lookup waits for its embedding, however soon the model begins
+            CacheSettings(enabled=cache, lookup_budget_ms=60_000, race_model=race_model),
             self.embedder,
             self.db,
             judge=LLMJudge(self.engine, direct_format) if judge else None,

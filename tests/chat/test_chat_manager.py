@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing, contextmanager
@@ -20,6 +21,7 @@ from chat.sessions import SessionState
 from chat.summarizer import SUMMARY_PREFIX
 from engine import LLMEngine, SamplingParams, StreamDelta
 from storage import Chat, Database, Message, MessageRepository, SessionRepository
+from tests.cache.test_embedders import Counting
 from tests.chat.chat_support import GREEDY, ManagerFactory, ask, session_of, small_context
 from tests.support import until
 
@@ -348,6 +350,37 @@ async def test_the_engine_starts_on_a_question_while_the_cache_embeds_it_and_a_s
     assert engine_requests(manager) == requests + 3
     assert manager.engine.figures().requests.running == 0
     assert manager.figures().merging.in_flight == 0
+
+
+async def test_a_lookup_the_model_outruns_misses_and_the_turn_streams_the_models_answer(
+    managers: ManagerFactory,
+) -> None:
+    """cache.race_model: the first token of the generation begun during the lookup ends it. The
+    embedder is held, so the model is sure to come first; with the race off (the other tests)
+    this paraphrase is a semantic hit."""
+    gate = threading.Event()
+    gate.set()
+    embedder = Counting(managers.embedder, gate)
+    manager = await ManagerFactory(managers.engine, embedder, managers.db)(cache=True, race_model=True)
+    first = await ask(manager, ALICE, "How do I reset my password?")
+    await manager.settle()  # the answer is cached, with its question's vector
+
+    gate.clear()
+    try:
+        # a lookup that waited for the held embedder would wait its 60 s budget
+        paraphrase = await asyncio.wait_for(
+            ask(manager, Conversation(channel="web", chat_id="carol"), "How can I reset my password?"), 10
+        )
+    finally:
+        gate.set()  # the forward the lookup left, then its store's
+    assert paraphrase.cache_level is CacheLevel.MISS and paraphrase.completion_tokens == GREEDY.max_tokens
+    assert not first.reply.startswith(paraphrase.reply)  # the model's answer, not the cached one
+    figures = manager.cache.figures()
+    assert (figures.outrun, figures.over_budget, figures.hits_semantic) == (1, 0, 0)
+
+    await manager.settle()
+    again = await ask(manager, Conversation(channel="web", chat_id="dave"), "How can I reset my password?")
+    assert again.cache_level is CacheLevel.EXACT
 
 
 async def test_a_follow_up_begins_its_generation_while_its_session_is_checked(

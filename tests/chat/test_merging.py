@@ -97,3 +97,16 @@ async def test_different_keys_do_not_merge() -> None:
     generation = Generation()
     await asyncio.gather(drain(merger.run("a", generation)), drain(merger.run("b", generation)))
     assert generation.runs == 2
+
+
+async def test_a_flight_has_begun_at_its_first_item_or_at_its_end() -> None:
+    merger: RequestMerger[str] = RequestMerger()
+    stream = merger.run("k", Generation(delay=0.05))
+    assert not stream.began.done()
+    await stream.began
+    assert merger.run("k", Generation()).began.done()  # a joiner's too: they share the flight
+    assert [item async for item in stream] == TOKENS
+
+    failing = merger.run("f", Generation(fail_after=0))  # ends before any item
+    await asyncio.wait_for(failing.began, 10)
+    assert failing.began.result() is None  # the failure is the stream's to raise, not `began`'s

@@ -36,7 +36,8 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppProcess]:
         # One sequence at a time, so the queue test can fill the waiting queue with two requests.
         "engine": {"max_num_seqs": 1},
         "limits": {"max_messages": MAX_MESSAGES, "requests_per_minute": RATE_PER_MINUTE},
-        "cache": {"lookup_budget_ms": 60_000},  # a paraphrase must be embedded, however busy the machine
+        # a paraphrase must be embedded, however busy the machine and however soon the model begins
+        "cache": {"lookup_budget_ms": 60_000, "race_model": False},
     }
     with running_app(tmp_path_factory, overrides) as running:
         yield running

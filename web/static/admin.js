@@ -118,7 +118,7 @@ function renderCacheFigures(stats, history) {
     ["Entries", number(cache.entries), `capacity ${number(cache.capacity)}`],
     ["Evictions", number(cache.evictions), `${number(cache.expired)} expired`],
     ["Skipped (PII)", number(cache.skipped_pii), "never cached"],
-    ["Lookup p50", ms(cache.lookup_ms_p50), `p99 ${ms(cache.lookup_ms_p99)}, ${number(cache.over_budget)} over budget`],
+    ["Lookup p50", ms(cache.lookup_ms_p50), `p99 ${ms(cache.lookup_ms_p99)}, ${number(cache.over_budget)} over budget, ${number(cache.outrun)} outrun by the model`],
   ]);
   lineChart($("#chart-hits"), history.time, [
     { name: "exact", color: "ok", values: history.hit_rate_exact },

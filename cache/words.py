@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
@@ -17,6 +18,12 @@ from cache.keys import normalize
 
 jieba.setLogLevel(logging.WARNING)  # not the dictionary-loading banner on every start
 _STEMMER = snowballstemmer.stemmer("english")
+# A Snowball stemmer keeps the word it works on in itself, and questions are read on several
+# threads at once (cache lookups, the verifier, compression's relevance): unguarded, two stems at
+# once read each other's word (an IndexError mid-compression: an HTTP 500 in about one benchmark
+# run in 25). A word stems in microseconds, so they take turns.
+_STEMMING = threading.Lock()
+
 _LATIN_WORD = re.compile(r"[A-Za-z][A-Za-z0-9'’-]*")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _HAN = re.compile(r"[\u3400-\u9fff]")
@@ -82,7 +89,14 @@ OPPOSITES: tuple[tuple[str, str], ...] = (
     ("incoming", "outgoing"), ("inbound", "outbound"), ("public", "private"), ("internal", "external"),
 )
 # fmt: on
-_OPPOSITE_TOKENS = [tuple(_STEMMER.stemWord(w) if w.isascii() else w for w in pair) for pair in OPPOSITES]
+
+
+def _stem(word: str) -> str:
+    with _STEMMING:
+        return _STEMMER.stemWord(word)
+
+
+_OPPOSITE_TOKENS = [tuple(_stem(w) if w.isascii() else w for w in pair) for pair in OPPOSITES]
 _DIRECTION_MARKERS = {"to", "into", "from", "than", "vs", "versus", "换", "转", "成", "到", "比", "从", "向"}
 # jieba's part-of-speech flags of names: places, people, organisations, other proper nouns, Latin words.
 _NAME_FLAGS = {"ns", "nr", "nrt", "nrfg", "nt", "nz"}
@@ -117,7 +131,7 @@ def _words(question: str) -> Words:
         word = piece.strip()
         if not word or not (word[0].isalnum() or _HAN.match(word)):
             continue
-        token = _STEMMER.stemWord(word) if word.isascii() else word
+        token = _stem(word) if word.isascii() else word
         tokens.append(token)
         # Function words, times and question words are read before stemming: "does" stems to "doe".
         if not _is_function(word) and word not in _QUESTION_WORDS:
@@ -217,7 +231,7 @@ def _latin_names(question: str) -> set[str]:
     text = unicodedata.normalize("NFKC", question).strip()
     chinese = bool(_HAN.search(text))
     return {
-        _STEMMER.stemWord(_CONTRACTION.sub("", match.group().casefold()))
+        _stem(_CONTRACTION.sub("", match.group().casefold()))
         for match in _LATIN_WORD.finditer(text)
         if len(word := match.group()) > 1
         and (

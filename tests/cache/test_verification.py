@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+import snowballstemmer
 
 from cache.__main__ import main
 from cache.calibration import load_pairs
@@ -122,6 +125,24 @@ def test_words_segment_chinese_stem_english_and_find_the_slots() -> None:
     assert {"q3", "workday"} <= english.names and english.numbers == {"3"}
     assert "s" not in english.tokens  # "what's" is "what", not "what" and "s"
     assert Words.of("I can't log in").negated and not Words.of("I can log in").negated
+
+
+def test_words_are_read_alike_on_many_threads_at_once() -> None:
+    # Questions are read on several threads at once (cache lookups, the verifier, compression's
+    # relevance), and a Snowball stemmer keeps the word it works on in itself: two stems at once read
+    # each other's word (an IndexError mid-compression answered about one benchmark run in 25 with
+    # an HTTP 500). A thread switch every microsecond, not every 5 ms, makes them meet here.
+    words = "organizational reconfigurations nationally generalizations hopefulness conditional".split()
+    texts = [" ".join(words[(n + i) % len(words)] for i in range(4)) + f" {n}" for n in range(2000)]
+    stemmer = snowballstemmer.stemmer("english")
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            read = list(pool.map(Words.of, texts))
+    finally:
+        sys.setswitchinterval(switch_interval)
+    assert [words.tokens for words in read] == [tuple(map(stemmer.stemWord, text.split())) for text in texts]
 
 
 def test_opposites_and_directions() -> None:

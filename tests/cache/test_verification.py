@@ -128,12 +128,10 @@ def test_words_segment_chinese_stem_english_and_find_the_slots() -> None:
 
 
 def test_words_are_read_alike_on_many_threads_at_once() -> None:
-    # Questions are read on several threads at once (cache lookups, the verifier, compression's
-    # relevance), and a Snowball stemmer keeps the word it works on in itself: two stems at once read
-    # each other's word (an IndexError mid-compression answered about one benchmark run in 25 with
-    # an HTTP 500). A thread switch every microsecond, not every 5 ms, makes them meet here.
-    words = "organizational reconfigurations nationally generalizations hopefulness conditional".split()
-    texts = [" ".join(words[(n + i) % len(words)] for i in range(4)) + f" {n}" for n in range(2000)]
+    # The threads that read questions share one stemmer (`_STEMMING` in cache/words.py says why it
+    # is locked). A thread switch every microsecond, not every 5 ms, makes two stems meet here.
+    vocabulary = "organizational reconfigurations nationally generalizations hopefulness conditional".split()
+    texts = [" ".join(vocabulary[(n + i) % len(vocabulary)] for i in range(4)) + f" {n}" for n in range(2000)]
     stemmer = snowballstemmer.stemmer("english")
     switch_interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)

@@ -223,6 +223,10 @@ class BatchingEmbedder:
         wanted = self._wanted.get(text)
         return text in self._embedding or (wanted is not None and bool(wanted.waiting()))
 
+    def is_in_forward(self, text: str) -> bool:
+        """Whether the forward running now embeds `text`: it comes whether anyone waits or not."""
+        return text in self._embedding
+
     def _num_urgent_waiting(self) -> int:
         return sum(wanted.urgent for wanted in self._wanted.values())
 

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -188,11 +188,11 @@ class ResponseCache:
         if hit is None and comparable and text is not None:
             answering = None if while_embedding is None else while_embedding()
             # the budget is the whole lookup's: the L1 pass may have waited (a busy loop, a writer)
-            vector = await self._embedding_in_budget(text, self._budget_s - (time.perf_counter() - started), answering)
+            budget_s = self._budget_s - (time.perf_counter() - started)
+            vector = await self._embedding_in_budget(key, text, budget_s, answering)
         elif hit is None and scope.shared and text is not None and key not in self._embedding_ahead:
-            self._embedding_ahead[key] = asyncio.create_task(self._embed_ahead(key, text))
+            self._embed_ahead(key, self._embeddings.embed(text, urgent=False))
         if vector is not None:
-            self._remember(key, vector)
             candidates = await self._in_lookups(self._nearest, scope.key, vector, now, max_tokens)
             hit = await self._same_question(question, candidates)
             if hit is not None:
@@ -266,13 +266,14 @@ class ResponseCache:
             await self._hit_saver
 
     async def _embedding_in_budget(
-        self, text: str, budget_s: float, answering: asyncio.Future[None] | None
+        self, key: str, text: str, budget_s: float, answering: asyncio.Future[None] | None
     ) -> np.ndarray | None:
-        """A question's vector (`text`: its `embedded_text`), or None past `budget_s`: under a
-        burst the embedder's queue outgrows any wait a hit could save (300 concurrent lookups on 2
-        cores: p99 0.8 s), so a lookup past its budget leaves the queue, its question not
-        embedded, and misses; one that the queue ahead of it could not serve within the budget
-        misses at once. So does one the model outruns (`_racing`)."""
+        """The vector of a question (`key`: its L1 key, `text`: its `embedded_text`), kept for its
+        store, or None past `budget_s`: under a burst the embedder's queue outgrows any wait a hit
+        could save (300 concurrent lookups on 2 cores: p99 0.8 s), so a lookup past its budget
+        leaves the queue, its question not embedded, and misses; one that the queue ahead of it
+        could not serve within the budget misses at once. So does one the model outruns
+        (`_racing`)."""
         if budget_s <= 0:
             self._counts["over_budget"] += 1
             return None
@@ -282,11 +283,23 @@ class ResponseCache:
         try:
             done, _ = await asyncio.wait(racers, timeout=budget_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            embedding.cancel()  # the question leaves the queue, unless it is embedded already
+            self._leave_or_keep(key, text, embedding)
         if embedding in done and not isinstance(embedding.exception(), EmbedderBusy):
+            self._remember(key, embedding.result())
             return embedding.result()
         self._counts["outrun" if embedding not in done and done & racing else "over_budget"] += 1
         return None
+
+    def _leave_or_keep(self, key: str, text: str, embedding: asyncio.Future[np.ndarray]) -> None:
+        """A question no longer waited for leaves the embedder's queue, unless the forward under
+        way holds it: then its vector is kept as it comes, for its store and the paraphrase checks,
+        which embedded it a second time when it was dropped."""
+        if embedding.done():
+            return
+        if self._embeddings.is_in_forward(text) and key not in self._embedding_ahead:
+            self._embed_ahead(key, embedding)
+        else:
+            embedding.cancel()
 
     def _racing(self, answering: asyncio.Future[None] | None) -> set[asyncio.Future[None]]:
         """What ends a wait for an embedding before its budget: the model, started meanwhile,
@@ -309,20 +322,23 @@ class ResponseCache:
             await asyncio.wait({ahead, *self._racing(answering)}, timeout=within_s, return_when=asyncio.FIRST_COMPLETED)
             return self._pending.get(key)
         if self._embeddings.is_embedding(text):
-            vector = await self._embedding_in_budget(text, within_s, answering)
-            if vector is not None:
-                self._remember(key, vector)
+            vector = await self._embedding_in_budget(key, text, within_s, answering)
         return vector
 
-    async def _embed_ahead(self, key: str, text: str) -> None:
-        """Embeds a first question its lookup had no vector to compare with, in the background:
-        its store embeds it anyway, and a paraphrase asked meanwhile compares with it. An error
-        is left to the store, which then embeds it again."""
-        try:
-            with contextlib.suppress(Exception):
-                self._remember(key, await self._embeddings.embed(text, urgent=False))
-        finally:
-            del self._embedding_ahead[key]
+    def _embed_ahead(self, key: str, embedding: Awaitable[np.ndarray]) -> None:
+        """Keeps a question's vector as `embedding` brings it, in the background, for its store and
+        for a paraphrase asked meanwhile to compare with: a first question its lookup had no vector
+        to compare with (its store embeds it anyway), or one whose lookup stopped waiting during
+        its forward. An error is left to the store, which then embeds it again."""
+
+        async def keep() -> None:
+            try:
+                with contextlib.suppress(Exception):
+                    self._remember(key, await embedding)
+            finally:
+                del self._embedding_ahead[key]
+
+        self._embedding_ahead[key] = asyncio.create_task(keep())
 
     async def _same_question(self, question: str, candidates: list[tuple[CacheHit, str]]) -> CacheHit | None:
         """The first candidate that asks what `question` asks."""

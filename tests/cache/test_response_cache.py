@@ -348,6 +348,35 @@ async def test_a_lookup_racing_the_model_misses_once_the_answer_has_begun(
     assert cache.figures().outrun == 0
 
 
+async def test_a_question_outrun_in_its_forward_is_embedded_once_for_its_lookup_check_and_store(
+    embedder: Embedder, clock: Clock
+) -> None:
+    gate = threading.Event()
+    gate.set()
+    held = Counting(embedder, gate)
+    cache = make_cache(held, clock)
+    await cache.store(SHARED, "What is Docker?", "d")  # the scope holds vectors: a lookup embeds
+    before = num_embedded(held)
+    gate.clear()
+    held.entered.clear()
+    answering = asyncio.get_running_loop().create_future()
+    lookup = asyncio.create_task(cache.lookup(SHARED, ASKED, while_embedding=lambda: answering))
+    try:
+        assert await asyncio.to_thread(held.entered.wait, 30)  # the question's forward, held
+        answering.set_result(None)
+        assert await asyncio.wait_for(lookup, 10) is None
+        assert cache.figures().outrun == 1
+    finally:
+        gate.set()
+    # a paraphrase's check compares with it as it comes, and its store keeps it
+    assert await asyncio.wait_for(cache.lookup(SHARED, REWORDED), timeout=30) is None
+    assert await cache.paraphrase(SHARED, REWORDED, [ASKED]) == ASKED
+    await cache.store(SHARED, ASKED, "晴。")
+    assert num_embedded(held) == before + 2
+    hit = await cache.lookup(SHARED, ASKED)
+    assert hit is not None and hit.level is CacheLevel.EXACT
+
+
 async def test_the_budget_is_the_whole_lookup_s_so_one_whose_exact_pass_took_it_is_not_embedded(
     embedder: Embedder, clock: Clock
 ) -> None:

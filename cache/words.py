@@ -219,6 +219,19 @@ def _segment(text: str) -> list[tuple[str, str]]:
     return words
 
 
+def terms(text: str) -> frozenset[str]:
+    """What a text says, to compare with another: its words, lower-cased, without function words,
+    and in Chinese, written without spaces, each pair of adjacent characters. Neither segmented nor
+    stemmed, so that a long text reads in a few milliseconds."""
+    found: set[str] = set()
+    for run in _RUN.findall(text.lower()):
+        if _HAN.match(run):
+            found.update(run[start : start + 2] for start in range(max(len(run) - 1, 1)))
+        elif not _is_function(run):
+            found.add(run)
+    return frozenset(found)
+
+
 def _is_function(token: str) -> bool:
     if token.isascii():
         return token in _EN_STOPWORDS

@@ -8,7 +8,8 @@ session's new stable prefix, so this runs rarely: it compresses to `compress_to_
 budget, leaving room for many turns.
 
 A compression never waits for the model: a span the model has not summarized yet gets an
-extractive stand-in at once, and the model's summary replaces it later (`with_summaries`).
+extractive stand-in at once, and the model's summary replaces it later (`with_summaries`) if it
+holds more of what the span said (chat/summarizer.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ from settings import ContextSettings
 # Framing of a summary message plus its lead-in, in tokens; reserved per dropped span.
 SUMMARY_OVERHEAD_TOKENS = 24
 STAND_IN_PREFIX = "Excerpts from an earlier part of this conversation: "
-# A message's first sentence stands for it in a stand-in; this many characters at most.
+# A message's opening sentences stand for it in a stand-in: at least this many words (a Chinese
+# character counts as one), as a first sentence of a word or two ("Hi!", "Thanks.", "Morning.")
+# says nothing, and at most EXCERPT_CHARS characters.
+EXCERPT_MIN_WORDS = 8
 EXCERPT_CHARS = 160
 # A message's relevance is judged on its opening, and against the question's, which carry their
 # topics: the embedding's cost
@@ -46,6 +50,7 @@ RELEVANCE_CHARS = 200
 # once: 1.8 s on 2 cores, that a turn would wait for).
 PREPARE_RATIO = 0.5
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s|(?<=[。！？])|\n")
+_WORD = re.compile(r"[\u3400-\u9fff]|[^\s\u3400-\u9fff]+")
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,6 +88,7 @@ class PendingSummary:
     seq: int  # the stand-in's
     digest: str  # the span's
     transcript: str
+    stand_in: str
 
 
 @dataclass(frozen=True)
@@ -161,28 +167,36 @@ class Compressor:
             text = self.summarizer.known(digest)
             if text is None:
                 text = self._stand_in(item)
-                pending.append(PendingSummary(seq, digest, item.transcript))
+                pending.append(PendingSummary(seq, digest, item.transcript, text))
             added.append(self._append_summary(compressed, text, item.records[-1].turn_index, seq))
             seq += 1
         return Compression(compressed, added, pending)
 
     async def write_summaries(self, pending: list[PendingSummary]) -> dict[str, str]:
-        """The model's summaries of the stand-ins' spans, by span digest (slow: in the background)."""
-        return await self.summarizer.write({summary.digest: summary.transcript for summary in pending})
+        """The model's summaries of the stand-ins' spans, by span digest (slow: in the background);
+        a span whose summary holds less of it than its stand-in keeps the stand-in."""
+        transcripts = {summary.digest: summary.transcript for summary in pending}
+        return await self.summarizer.write(transcripts, {summary.digest: summary.stand_in for summary in pending})
 
     def with_summaries(
         self, history: TokenHistory, pending: list[PendingSummary], summaries: dict[str, str], next_seq: int
     ) -> Compression | None:
         """`history` with the stand-ins still in it replaced by the model's summaries (new records,
-        seqs from `next_seq` on); None when a later compression has dropped them all."""
+        seqs from `next_seq` on); None when none is left to replace: a later compression has
+        dropped them, or the spans keep their stand-ins."""
         by_seq = {summary.seq: summaries[summary.digest] for summary in pending}
-        if not any(record.seq in by_seq for record in history.records if record.role == "summary"):
+        replacing = {
+            record.seq: by_seq[record.seq]
+            for record in history.records
+            if record.role == "summary" and by_seq.get(record.seq, record.text) != record.text
+        }
+        if not replacing:
             return None
         rewritten = TokenHistory()
         added: list[MessageRecord] = []
         seq = next_seq
         for record in history.records:
-            text = by_seq.get(record.seq) if record.role == "summary" else None
+            text = replacing.get(record.seq) if record.role == "summary" else None
             if text is None:
                 _copy(history, record, rewritten)
                 continue
@@ -196,7 +210,7 @@ class Compressor:
         )
 
     def _stand_in(self, span: Span) -> str:
-        """Each message's first sentence, within the summary's token budget: instant, and what the
+        """Each message's opening, within the summary's token budget: instant, and what the
         messages said rather than nothing, until the model's summary replaces it."""
         excerpts = " / ".join(map(_excerpt, span.records))
         ids = self.chat_format.encode(excerpts)[: self.settings.summary_max_tokens]
@@ -212,11 +226,16 @@ def _excerpt(record: MessageRecord) -> str:
     (nested prefixes took 12 of a 32-token stand-in per compression, and then the facts)."""
     if record.role == "summary":
         return record.text.removeprefix(STAND_IN_PREFIX)
-    return f"{record.role}: {_first_sentence(record.text)}"
+    return f"{record.role}: {_opening(record.text)}"
 
 
-def _first_sentence(text: str) -> str:
-    return _SENTENCE_END.split(text.strip(), maxsplit=1)[0][:EXCERPT_CHARS]
+def _opening(text: str) -> str:
+    """The text's first sentences, up to the first end of one with EXCERPT_MIN_WORDS words before
+    it, at most EXCERPT_CHARS characters."""
+    text = text.strip()
+    ends = (end.start() for end in _SENTENCE_END.finditer(text))
+    cut = next((end for end in ends if len(_WORD.findall(text, 0, end)) >= EXCERPT_MIN_WORDS), len(text))
+    return text[: min(cut, EXCERPT_CHARS)].rstrip()
 
 
 def plan_compression(

@@ -468,7 +468,8 @@ class ChatManager:
 
     async def _summarize(self, session: SessionState, compression: Compression) -> None:
         """The model's summaries of a compression's spans, written without holding the session,
-        then put in place of their stand-ins for the turns to come."""
+        then put in place of their stand-ins for the turns to come where they say more; the
+        history, rewritten or not, prefilled (a compression ahead leaves that to its summaries)."""
         try:
             summaries = await self.compressor.write_summaries(compression.pending)
             async with self.sessions.holding(session) as current:
@@ -479,7 +480,7 @@ class ChatManager:
                 )
                 if rewritten is not None:
                     await self.sessions.save_summaries(session, rewritten)
-                    self._prefill_ahead(session)
+                self._prefill_ahead(session)
         except Exception:
             # The stand-ins stay: they are what the messages said, only longer-winded.
             log.exception("session %d: writing the summaries of a compression failed", session.id)

@@ -18,7 +18,6 @@ from chat import ChatManager, ChatMessage, Conversation, InvalidMessage, Transcr
 from chat.compression import STAND_IN_PREFIX
 from chat.reply import Reply
 from chat.sessions import SessionState
-from chat.summarizer import SUMMARY_PREFIX
 from engine import LLMEngine, SamplingParams, StreamDelta
 from storage import Chat, Database, Message, MessageRepository, SessionRepository
 from tests.cache.test_embedders import Counting
@@ -226,12 +225,13 @@ async def test_compression_keeps_the_relevant_fact_and_summarizes_the_rest(
     stand_ins = [message.text for message in stored if message.role == "summary" and message.seq < question_seq]
     assert stand_ins and all(text.startswith(STAND_IN_PREFIX) for text in stand_ins)
 
-    await manager.settle()  # the model's summaries, written in the background, take their places
+    # The model's summaries, written in the background, hold less of their spans than the stand-ins
+    # (the demo model writes meaningless text): the stand-ins stay (tests/chat/test_compression.py).
+    await manager.settle()
     state = session_of(manager, ALICE)
     records = state.history.records
     texts = [record.text for record in records]
-    summaries = [record.text for record in records if record.role == "summary"]
-    assert summaries and all(text.startswith(SUMMARY_PREFIX) for text in summaries)
+    assert [record.text for record in records if record.role == "summary"] == stand_ins
     assert state.compressions == 1
     assert fact in texts  # kept word for word
     assert not set(UNRELATED[:6]) & set(texts)  # the old unrelated turns went into summaries

@@ -292,16 +292,25 @@ async def test_lookups_do_not_queue_behind_the_default_thread_pool(
         assert [row.hits for row in CacheRepository(session).all()] == [2]  # saved once the pool was free
 
 
-async def test_a_lookup_past_its_budget_misses_and_leaves_the_embedder_s_queue(
-    embedder: Embedder, clock: Clock
-) -> None:
+async def held_cache(
+    embedder: Embedder, clock: Clock, **overrides: object
+) -> tuple[threading.Event, Counting, ResponseCache]:
+    """A cache that holds "What is Docker?", so that a lookup embeds, and whose next forwards wait
+    at the gate until it is set again."""
     gate = threading.Event()
     gate.set()
     held = Counting(embedder, gate)
-    cache = make_cache(held, clock, lookup_budget_ms=50)
+    cache = make_cache(held, clock, None, **overrides)
     await cache.store(SHARED, "What is Docker?", "d")
     gate.clear()
     held.entered.clear()
+    return gate, held, cache
+
+
+async def test_a_lookup_past_its_budget_misses_and_leaves_the_embedder_s_queue(
+    embedder: Embedder, clock: Clock
+) -> None:
+    gate, held, cache = await held_cache(embedder, clock, lookup_budget_ms=50)
     busy = asyncio.create_task(cache.store(SHARED, "What is Rust?", "r"))  # a forward the gate holds
     assert await asyncio.to_thread(held.entered.wait, 30)
     started = asyncio.get_running_loop().time()
@@ -323,13 +332,7 @@ async def test_a_lookup_past_its_budget_misses_and_leaves_the_embedder_s_queue(
 async def test_a_lookup_racing_the_model_misses_once_the_answer_has_begun(
     embedder: Embedder, clock: Clock, race_model: bool
 ) -> None:
-    gate = threading.Event()
-    gate.set()
-    held = Counting(embedder, gate)
-    cache = make_cache(held, clock, lookup_budget_ms=60_000, race_model=race_model)
-    await cache.store(SHARED, "What is Docker?", "d")
-    gate.clear()
-    held.entered.clear()
+    gate, held, cache = await held_cache(embedder, clock, lookup_budget_ms=60_000, race_model=race_model)
     answering = asyncio.get_running_loop().create_future()  # the generation begun during the lookup
     lookup = asyncio.create_task(cache.lookup(SHARED, "What's Docker?", while_embedding=lambda: answering))
     try:
@@ -351,14 +354,8 @@ async def test_a_lookup_racing_the_model_misses_once_the_answer_has_begun(
 async def test_a_question_outrun_in_its_forward_is_embedded_once_for_its_lookup_check_and_store(
     embedder: Embedder, clock: Clock
 ) -> None:
-    gate = threading.Event()
-    gate.set()
-    held = Counting(embedder, gate)
-    cache = make_cache(held, clock)
-    await cache.store(SHARED, "What is Docker?", "d")  # the scope holds vectors: a lookup embeds
+    gate, held, cache = await held_cache(embedder, clock)
     before = num_embedded(held)
-    gate.clear()
-    held.entered.clear()
     answering = asyncio.get_running_loop().create_future()
     lookup = asyncio.create_task(cache.lookup(SHARED, ASKED, while_embedding=lambda: answering))
     try:

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -191,7 +191,7 @@ class ResponseCache:
             budget_s = self._budget_s - (time.perf_counter() - started)
             vector = await self._embedding_in_budget(key, text, budget_s, answering)
         elif hit is None and scope.shared and text is not None and key not in self._embedding_ahead:
-            self._embed_ahead(key, self._embeddings.embed(text, urgent=False))
+            self._embed_ahead(key, asyncio.ensure_future(self._embeddings.embed(text, urgent=False)))
         if vector is not None:
             candidates = await self._in_lookups(self._nearest, scope.key, vector, now, max_tokens)
             hit = await self._same_question(question, candidates)
@@ -325,7 +325,7 @@ class ResponseCache:
             vector = await self._embedding_in_budget(key, text, within_s, answering)
         return vector
 
-    def _embed_ahead(self, key: str, embedding: Awaitable[np.ndarray]) -> None:
+    def _embed_ahead(self, key: str, embedding: asyncio.Future[np.ndarray]) -> None:
         """Keeps a question's vector as `embedding` brings it, in the background, for its store and
         for a paraphrase asked meanwhile to compare with: a first question its lookup had no vector
         to compare with (its store embeds it anyway), or one whose lookup stopped waiting during

@@ -221,7 +221,7 @@ class BatchingEmbedder:
         """Whether `text` is in the forward running now or queued with a caller still waiting for
         it: a caller who joins it adds no work."""
         wanted = self._wanted.get(text)
-        return text in self._embedding or (wanted is not None and bool(wanted.waiting()))
+        return self.is_in_forward(text) or (wanted is not None and bool(wanted.waiting()))
 
     def is_in_forward(self, text: str) -> bool:
         """Whether the forward running now embeds `text`: it comes whether anyone waits or not."""

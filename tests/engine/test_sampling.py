@@ -93,7 +93,7 @@ def test_dynamic_top_k_is_greedy_exactly_at_confident_positions() -> None:
     logits = random_logits(64, vocab=200, seed=3) / 3
     logits[::2, 17] += 10  # every even row: one token holds nearly all the mass
     params = SamplingParams(temperature=1.0, dynamic_top_k=True, min_top_k=1, max_top_k=20, confidence=0.9)
-    confident = top_probability(logits) >= 0.9
+    confident = top_probability(logits, logits.max(dim=-1).values) >= 0.9
     assert confident[::2].all() and not confident[1::2].any()
     runs = torch.stack([draw(logits, params, list(range(64)), [s] * 64) for s in range(20)])
     argmax = logits.argmax(-1)
@@ -101,3 +101,10 @@ def test_dynamic_top_k_is_greedy_exactly_at_confident_positions() -> None:
     assert (runs[:, ~confident] != argmax[~confident]).any()
     top20 = logits.topk(20, dim=-1).indices
     assert all(set(runs[:, row].tolist()) <= set(top20[row].tolist()) for row in range(64))
+
+
+def test_a_greedy_row_beside_sampled_ones_picks_what_argmax_picks_among_ties_and_nans() -> None:
+    nan = float("nan")
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [nan, 1.0, nan, 0.0], [0.0, 1.0, 2.0, 3.0]])
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)]
+    assert sample(logits, params, [0, 0, 0], [0, 0, 0])[:2].tolist() == logits.argmax(dim=-1)[:2].tolist() == [1, 0]

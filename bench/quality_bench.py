@@ -1,8 +1,9 @@
 """Answer quality with the real model, SmolLM2-135M-Instruct, side by side on the same inputs:
 
-    python bench/quality_bench.py [--quick] [--data-dir data]
+    python bench/quality_bench.py [--quick] [--data-dir data] [--facts bench/quality/facts_heldout.yaml]
 
-(1) facts through a prompt budget: long conversations (bench/quality/facts.yaml) in which the user
+(1) facts through a prompt budget: long conversations (bench/quality/facts.yaml, or the held-out
+    set facts_heldout.yaml, written without looking at outputs or the compressor) in which the user
     states facts early and then talks about other things past the budget; each fact is then asked
     on its own, with the full context, with importance-scored compression (compressed at the
     question, relevance judged by shared words as a turn waiting on it does, or by embeddings as
@@ -493,6 +494,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few conversations, pairs and questions: a smoke run")
     parser.add_argument("--data-dir", type=Path, default=BENCH_DIR.parent / "data")
+    parser.add_argument("--facts", type=Path, default=QUALITY_DIR / "facts.yaml", help="the long conversations (YAML)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     sizes = QUICK if args.quick else FULL
@@ -507,7 +509,8 @@ def main() -> None:
         figures = {
             "model": engine.model_name,
             "quick": args.quick,
-            "facts": facts_section(parts, load(FactSet, QUALITY_DIR / "facts.yaml"), sizes),
+            "facts_file": args.facts.name,
+            "facts": facts_section(parts, load(FactSet, args.facts), sizes),
             "sanity": sanity_section(
                 engine, chat_format, load(SanitySet, QUALITY_DIR / "sanity.yaml").questions[: sizes.sanity]
             ),

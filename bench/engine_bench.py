@@ -10,24 +10,27 @@ real SmolLM2-135M-Instruct.
 (OMP_NUM_THREADS rather than torch.set_num_threads: transformers' generate_batch() runs its loop
 on a thread of its own, which would not see the latter.)
 
-Throughput: 16 concurrent greedy requests (prompts 256-1024 tokens, 64 new tokens) through
-(a) transformers generate() one at a time, (b) transformers generate_batch() continuous batching
-with our block size, block count and token budget, (c) our engine, one token a step, (d) our
-engine with n-gram speculative decoding (engine.num_speculative_tokens 4, the app's default). Multi-turn: 8 sessions x 6
-turns, each turn = previous prompt + reply + a new 64-token user message; time to first token of
-the last turn with our prefix cache on and off. Decode scaling: the time of a decode step for 1,
-4, 16 and 64 sequences. Decode attention: a decode step of 8 sequences at 256 to 2,048 tokens of
-context, the paged kernel against gathering for SDPA. Greedy head: a decode step of 1, 8 and 32
-sequences on the demo model and on SmolLM2, the greedy pick (an 8-bit screen of the LM head, then
-the few ids left exactly) against the LM head's logits and argmax. Projection libraries: a decode
-step of 1 and 8 sequences on both models, each projection on the library the engine chose for its
-weight shape as it started (MKL or oneDNN), against oneDNN for all of them. SmolLM2: (a), (b) and (c) again on 16 chat
-prompts framed by the model's own chat template with the app's default system prompt, 8 questions
-alone and 8 after pasted documentation (Python's own module docstrings, cut to 256-1024 tokens); at
-most 64 new tokens, each reply ending at the model's end of turn as in the app. Every variant runs
-where `--device` and `--dtype` put the engine (as engine.device and engine.dtype: CUDA in bfloat16
-where present, else CPU in float32); the paged kernel and the greedy head are CPU kernels, their
-sections skipped elsewhere. The last line is JSON.
+Throughput: 16 concurrent greedy requests (prompts 256-1024 tokens, 64 new tokens) through (a)
+transformers generate() one at a time, (b) transformers generate_batch() continuous batching with
+our block size, block count and token budget, (c) our engine, one token a step, (d) our engine with
+n-gram speculative decoding (engine.num_speculative_tokens 4, the app's default). Multi-turn: 8
+sessions x 6 turns, each turn = previous prompt + reply + a new 64-token user message; time to
+first token of the last turn with our prefix cache on and off. Decode scaling: the time of a decode
+step for 1, 4, 16 and 64 sequences. Decode attention: a decode step of 8 sequences at 256 to 2,048
+tokens of context, the paged kernel against gathering for SDPA. Greedy head: a decode step of 1, 8
+and 32 sequences on the demo model and on SmolLM2, the greedy pick (an 8-bit screen of the LM head,
+then the few ids left exactly) against the LM head's logits and argmax. Projection libraries: a
+decode step of 1 and 8 sequences on both models, each projection on the library the engine chose
+for its weight shape as it started (MKL or oneDNN), against oneDNN for all of them. Background
+work: the time to first token of a user's 40-token prompt sent 50 ms after a 1,500-token prompt of
+background priority (a summary's), on both models, background prefill in short chunks
+(engine.max_background_prefill_tokens) against chunks of the whole token budget. SmolLM2: (a), (b)
+and (c) again on 16 chat prompts framed by the model's own chat template with the app's default
+system prompt, 8 questions alone and 8 after pasted documentation (Python's own module docstrings,
+cut to 256-1024 tokens); at most 64 new tokens, each reply ending at the model's end of turn as in
+the app. Every variant runs where `--device` and `--dtype` put the engine (as engine.device and
+engine.dtype: CUDA in bfloat16 where present, else CPU in float32); the paged kernel and the greedy
+head are CPU kernels, their sections skipped elsewhere. The last line is JSON.
 """
 
 import argparse
@@ -38,6 +41,7 @@ import logging
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -51,7 +55,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import ChatFormat, EngineConfig, LLMEngine, SamplingParams
+from engine import ChatFormat, EngineConfig, LLMEngine, RequestOutput, SamplingParams, StreamDelta
 from engine.builtin_models import DEMO_MODEL, SMOLLM2_MODEL, ModelFetchError, ensure_smollm2
 from engine.config import Device, DType
 from engine.model import Linear
@@ -227,8 +231,8 @@ def make_checkpoint(path: Path) -> Qwen3ForCausalLM:
     return model
 
 
-def random_tokens(generator: torch.Generator, length: int) -> list[int]:
-    return torch.randint(0, BENCH_CONFIG["vocab_size"], (length,), generator=generator).tolist()
+def random_tokens(generator: torch.Generator, length: int, vocab_size: int = BENCH_CONFIG["vocab_size"]) -> list[int]:
+    return torch.randint(0, vocab_size, (length,), generator=generator).tolist()
 
 
 def random_prompts(work: Workload) -> list[list[int]]:
@@ -615,6 +619,65 @@ def projection_libraries(data_dir: Path, quick: bool, placement: Placement, mode
     return {"speedup_by_batch": speedups, "parity": parity}
 
 
+def background_work(data_dir: Path, quick: bool, placement: Placement, models: tuple[str, ...]) -> dict:
+    """A user's 40-token prompt sent 50 ms after a 1,500-token one of background priority (what a
+    compression's summary sends), greedy: the user's time to first token and the background
+    prompt's time to its end, with background prefill in chunks of at most
+    `max_background_prefill_tokens` and none while a user's prompt prefills (the engine's way)
+    against chunks of the whole token budget (MAX_BATCHED_TOKENS), as any prompt's. One engine
+    each, alternated."""
+    trials = 2 if quick else 6
+    print(
+        "\nbackground work: a user's 40-token prompt sent 50 ms after a 1,500-token prompt of background priority; "
+        f"medians of {trials} alternated"
+    )
+    print(f"{'model':>32} {'chunks':>8} {'user TTFT ms':>13} {'background ms':>14}")
+    speedups: dict[str, float] = {}
+    slowdowns: dict[str, float] = {}
+    for model in models:
+        engine = build_engine(model, placement, str(data_dir))
+        vocab_size = engine.core.runner.model.arch.vocab_size
+        generator = torch.Generator().manual_seed(9)
+        seconds: dict[int, list[tuple[float, float]]] = {}
+        for chunk in (EngineConfig.max_background_prefill_tokens, MAX_BATCHED_TOKENS) * trials:
+            engine.core.scheduler.max_background_prefill_tokens = chunk
+            background, user = random_tokens(generator, 1500, vocab_size), random_tokens(generator, 40, vocab_size)
+            seconds.setdefault(chunk, []).append(user_ttft_beside(engine, background, user))
+        rows = {chunk: tuple(statistics.median(s[i] for s in runs) for i in (0, 1)) for chunk, runs in seconds.items()}
+        for chunk, (ttft_s, background_s) in rows.items():
+            print(f"{model:>32} {chunk:>8} {ttft_s * 1e3:>13.0f} {background_s * 1e3:>14.0f}")
+        (short_ttft, short_background), (whole_ttft, whole_background) = rows.values()
+        speedups[model] = round(whole_ttft / short_ttft, 2)
+        slowdowns[model] = round(short_background / whole_background, 2)
+        engine.shutdown()
+    return {"user_ttft_speedup": speedups, "background_slowdown": slowdowns}
+
+
+def user_ttft_beside(engine: LLMEngine, background: list[int], user: list[int]) -> tuple[float, float]:
+    """Seconds from sending `user` to its first token, and from sending `background` to its end."""
+    user_done, background_done = threading.Event(), threading.Event()
+    times: dict[str, float] = {}
+
+    def on_user(delta: StreamDelta, output: RequestOutput | None) -> None:
+        times.setdefault("first", time.perf_counter())
+        if output is not None:
+            user_done.set()
+
+    def on_background(delta: StreamDelta, output: RequestOutput | None) -> None:
+        if output is not None:
+            times["done"] = time.perf_counter()
+            background_done.set()
+
+    started = time.perf_counter()
+    engine.add_request(background, SamplingParams(temperature=0.0, max_tokens=1), priority=1, callback=on_background)
+    time.sleep(0.05)
+    sent = time.perf_counter()
+    engine.add_request(user, SamplingParams(temperature=0.0, max_tokens=4), callback=on_user)
+    user_done.wait()
+    background_done.wait()
+    return times["first"] - sent, times["done"] - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a small workload, for a smoke test")
@@ -649,6 +712,7 @@ def main() -> None:
     models = (DEMO_MODEL,) if args.no_smollm2 else (DEMO_MODEL, SMOLLM2_MODEL)
     head = greedy_head(args.data_dir, args.quick, placement, models)
     libraries = projection_libraries(args.data_dir, args.quick, placement, models)
+    background = background_work(args.data_dir, args.quick, placement, models)
     summary: dict[str, Any] = {
         "placement": str(placement),
         "throughput_vs_hf_sequential": round(speed.vs_sequential, 2),
@@ -663,6 +727,8 @@ def main() -> None:
         "greedy_head_parity": head["parity"],
         "projection_libraries_speedup_by_batch": libraries["speedup_by_batch"],
         "projection_libraries_parity": libraries["parity"],
+        "background_user_ttft_speedup": background["user_ttft_speedup"],
+        "background_prefill_slowdown": background["background_slowdown"],
     }
     if not args.no_smollm2:
         smollm2 = smollm2_throughput(args.data_dir, work, placement, args.profile)

@@ -29,6 +29,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # draft tokens a decode may verify in one step (speculation.py); 0 decodes one token a step
     num_speculative_tokens: int = 4
+    # prompt tokens a step computes for work no user waits for (priority above the default 0: a
+    # summary, a prefill ahead of a turn), in steps that prefill no user's prompt (scheduler.py)
+    max_background_prefill_tokens: int = 256
     tokenizer: str | None = None
 
     def __post_init__(self) -> None:
@@ -36,7 +39,13 @@ class EngineConfig:
             raise ValueError(f"device must be one of {get_args(Device)}, got {self.device!r}")
         if self.dtype not in get_args(DType):
             raise ValueError(f"dtype must be one of {get_args(DType)}, got {self.dtype!r}")
-        for name in ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens"):
+        for name in (
+            "block_size",
+            "kv_cache_tokens",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_background_prefill_tokens",
+        ):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
         if not 0.0 < self.gpu_memory_fraction <= 1.0:

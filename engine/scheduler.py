@@ -14,8 +14,12 @@ class Scheduler:
 
     Running decodes go first, then running prefills in chunks, then waiting requests, each group
     in priority order, until the token budget is spent. A chunked prefill therefore never
-    starves the decodes. In a step that prefills nothing, a decode also takes draft tokens to
-    verify (speculation.py) where the budget and the free blocks leave room. When the pool runs
+    starves the decodes. Work no user waits for (a priority above the default 0: a summary, a
+    prefill ahead of a turn) computes at most `max_background_prefill_tokens` prompt tokens a
+    step, and none in a step that prefills a user's prompt: a whole chunk of a summary's prompt
+    would hold a user's new turn for its step (SmolLM2 on 2 cores, 1,500 tokens: 2.5 s). In a
+    step that prefills nothing, a decode also takes draft tokens to verify (speculation.py) where
+    the budget and the free blocks leave room. When the pool runs
     dry the lowest-priority, newest running sequence is preempted: its blocks are freed and it is
     recomputed later (its full blocks usually still sit in the prefix cache).
     """
@@ -24,6 +28,7 @@ class Scheduler:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.num_speculative_tokens = config.num_speculative_tokens
+        self.max_background_prefill_tokens = config.max_background_prefill_tokens
         self.max_model_len = max_model_len
         self.kv_pool = kv_pool
         self.waiting: list[Sequence] = []
@@ -46,6 +51,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         self._preempt_for_priority()
         budget = self.max_num_batched_tokens
+        background_budget = self._background_budget()
         scheduled: ScheduledBatch = []
         num_preemptions = self.num_preemptions
         queue = deque(sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, s.sort_key)))
@@ -57,6 +63,12 @@ class Scheduler:
         while queue and budget:
             seq = queue.popleft()
             num_new_tokens = min(seq.num_uncomputed_tokens, budget)
+            if _is_background(seq) and num_new_tokens > 1:
+                num_new_tokens = min(num_new_tokens, background_budget)
+                if not num_new_tokens:
+                    self.running.append(seq)
+                    continue
+                background_budget -= num_new_tokens
             if drafting and seq.num_uncomputed_tokens == 1:
                 num_new_tokens += self._draft(seq, budget - 1, queue)
             if not self._reserve(seq, num_new_tokens, queue):
@@ -75,6 +87,12 @@ class Scheduler:
             seq = self.waiting[0]
             prefix = self.kv_pool.cached_prefix(seq)
             num_new_tokens = min(seq.num_tokens - prefix.num_tokens, budget)
+            if _is_background(seq):
+                # the waiting are in priority order: the rest are background work too
+                num_new_tokens = min(num_new_tokens, background_budget)
+                if not num_new_tokens:
+                    break
+                background_budget -= num_new_tokens
             if not self.kv_pool.allocate(seq, prefix, num_new_tokens):
                 break
             if seq.num_preemptions == 0:
@@ -85,6 +103,15 @@ class Scheduler:
             scheduled.append((seq, num_new_tokens))
             budget -= num_new_tokens
         return scheduled
+
+    def _background_budget(self) -> int:
+        """The prompt tokens background work may compute this step: none while a user's prompt
+        is waiting or prefilling, so that it waits for one short step at most."""
+        if self.waiting and not _is_background(self.waiting[0]):
+            return 0
+        if any(not _is_background(seq) and seq.num_uncomputed_tokens > 1 for seq in self.running):
+            return 0
+        return self.max_background_prefill_tokens
 
     def postprocess(self, computed: ScheduledBatch) -> None:
         """`computed`: the tokens of each scheduled sequence whose KV this step computed and kept,
@@ -148,3 +175,8 @@ class Scheduler:
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.add(seq)
+
+
+def _is_background(seq: Sequence) -> bool:
+    """Work no user waits for: a priority above the default (SamplingParams.priority, 0)."""
+    return seq.priority > 0

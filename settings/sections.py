@@ -77,6 +77,7 @@ class EngineSettings(Section):
     max_model_len: int | None = Field(EngineConfig.max_model_len, ge=2)
     enable_prefix_caching: bool = EngineConfig.enable_prefix_caching
     num_speculative_tokens: int = Field(EngineConfig.num_speculative_tokens, ge=0, le=16)
+    max_background_prefill_tokens: int = Field(EngineConfig.max_background_prefill_tokens, ge=1)
     backend: Literal["local", "remote"] = "local"
     tokenizer: str | None = Field(EngineConfig.tokenizer, validate_default=True)
     remote_url: str = Field("", validate_default=True)

@@ -33,12 +33,19 @@ def new_seq() -> NewSeq:
     return make
 
 
-def make_scheduler(num_blocks: int, budget: int, max_num_seqs: int = 8, num_speculative_tokens: int = 0) -> Scheduler:
+def make_scheduler(
+    num_blocks: int,
+    budget: int,
+    max_num_seqs: int = 8,
+    num_speculative_tokens: int = 0,
+    max_background_prefill_tokens: int = EngineConfig.max_background_prefill_tokens,
+) -> Scheduler:
     config = EngineConfig(
         block_size=BLOCK,
         max_num_batched_tokens=budget,
         max_num_seqs=max_num_seqs,
         num_speculative_tokens=num_speculative_tokens,
+        max_background_prefill_tokens=max_background_prefill_tokens,
     )
     return Scheduler(config, KVPool(num_blocks, BLOCK, enable_prefix_caching=True), max_model_len=1000)
 
@@ -78,6 +85,23 @@ def test_waiting_requests_join_by_priority_and_max_num_seqs(new_seq: NewSeq) -> 
         scheduler.add(seq)
     assert step(scheduler) == {high.request_id: 4, mid.request_id: 4}
     assert low.status == SequenceStatus.WAITING
+
+
+def test_background_prefill_takes_short_chunks_and_none_while_a_users_prompt_prefills(new_seq: NewSeq) -> None:
+    scheduler = make_scheduler(num_blocks=64, budget=32, max_background_prefill_tokens=8)
+    summary = new_seq(40, priority=1)
+    scheduler.add(summary)
+    assert step(scheduler) == {"r0": 8}
+    user = new_seq(20, first_token=1000)
+    scheduler.add(user)
+    assert step(scheduler) == {"r1": 20}  # it waits for one 8-token step at most, not a 32-token one
+    assert step(scheduler) == {"r1": 1, "r0": 8}  # the user's decodes do not hold it back
+    late_summary = new_seq(40, priority=2, first_token=2000)
+    scheduler.add(late_summary)
+    assert step(scheduler) == {"r1": 1, "r0": 8}  # the budget is the step's, not each sequence's
+    assert step(scheduler) == {"r1": 1, "r0": 8}
+    assert step(scheduler) == {"r1": 1, "r0": 8}
+    assert step(scheduler) == {"r1": 1, "r0": 1, "r2": 8}  # a decode is not a prefill: it takes none of it
 
 
 def test_pool_exhaustion_preempts_the_newest_and_recomputes_it(new_seq: NewSeq) -> None:

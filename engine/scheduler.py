@@ -18,9 +18,9 @@ class Scheduler:
     prefill ahead of a turn) computes at most `max_background_prefill_tokens` prompt tokens a
     step, and none in a step that prefills a user's prompt: a whole chunk of a summary's prompt
     would hold a user's new turn for its step (SmolLM2 on 2 cores, 1,500 tokens: 2.5 s). In a
-    step that prefills nothing, a decode also takes draft tokens to verify (speculation.py) where
-    the budget and the free blocks leave room. When the pool runs
-    dry the lowest-priority, newest running sequence is preempted: its blocks are freed and it is
+    step that prefills no user's prompt, a decode also takes draft tokens to verify
+    (speculation.py) where the budget and the free blocks leave room. When the pool runs dry the
+    lowest-priority, newest running sequence is preempted: its blocks are freed and it is
     recomputed later (its full blocks usually still sit in the prefix cache).
     """
 
@@ -51,14 +51,14 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         self._preempt_for_priority()
         budget = self.max_num_batched_tokens
-        background_budget = self._background_budget()
+        # a step that prefills a user's prompt takes no drafts and no background prompt tokens: the
+        # prompt's first token waits for nobody's guesses
+        prefilling_user = self._prefilling_user()
+        background_budget = 0 if prefilling_user else self.max_background_prefill_tokens
+        drafting = self.num_speculative_tokens > 0 and not prefilling_user
         scheduled: ScheduledBatch = []
         num_preemptions = self.num_preemptions
         queue = deque(sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, s.sort_key)))
-        # a step that prefills takes no drafts: a new request's first token waits for nobody's guesses
-        drafting = (
-            self.num_speculative_tokens > 0 and not self.waiting and not (queue and queue[-1].num_uncomputed_tokens > 1)
-        )
         self.running = []
         while queue and budget:
             seq = queue.popleft()
@@ -104,14 +104,11 @@ class Scheduler:
             budget -= num_new_tokens
         return scheduled
 
-    def _background_budget(self) -> int:
-        """The prompt tokens background work may compute this step: none while a user's prompt
-        is waiting or prefilling, so that it waits for one short step at most."""
-        if self.waiting and not _is_background(self.waiting[0]):
-            return 0
-        if any(not _is_background(seq) and seq.num_uncomputed_tokens > 1 for seq in self.running):
-            return 0
-        return self.max_background_prefill_tokens
+    def _prefilling_user(self) -> bool:
+        """Whether a user's prompt (not background work's) waits or is being prefilled."""
+        if self.waiting and not _is_background(self.waiting[0]):  # the waiting are in priority order
+            return True
+        return any(not _is_background(seq) and seq.num_uncomputed_tokens > 1 for seq in self.running)
 
     def postprocess(self, computed: ScheduledBatch) -> None:
         """`computed`: the tokens of each scheduled sequence whose KV this step computed and kept,

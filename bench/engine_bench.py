@@ -55,7 +55,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import ChatFormat, EngineConfig, LLMEngine, RequestOutput, SamplingParams, StreamDelta
+from engine import BACKGROUND_PRIORITY, ChatFormat, EngineConfig, LLMEngine, RequestOutput, SamplingParams, StreamDelta
 from engine.builtin_models import DEMO_MODEL, SMOLLM2_MODEL, ModelFetchError, ensure_smollm2
 from engine.config import Device, DType
 from engine.model import Linear
@@ -669,7 +669,8 @@ def user_ttft_beside(engine: LLMEngine, background: list[int], user: list[int]) 
             background_done.set()
 
     started = time.perf_counter()
-    engine.add_request(background, SamplingParams(temperature=0.0, max_tokens=1), priority=1, callback=on_background)
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    engine.add_request(background, params, priority=BACKGROUND_PRIORITY, callback=on_background)
     time.sleep(0.05)
     sent = time.perf_counter()
     engine.add_request(user, SamplingParams(temperature=0.0, max_tokens=4), callback=on_user)

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 
 from cache.words import terms
-from engine import ChatFormat, Engine, SamplingParams
+from engine import BACKGROUND_PRIORITY, ChatFormat, Engine, SamplingParams
 
 SUMMARIZER_PROMPT = (
     "You condense conversations. Summarize the conversation below in a few sentences. "
@@ -17,7 +17,7 @@ SUMMARY_PREFIX = "Summary of an earlier part of this conversation: "
 # The prompt's framing and instructions, in tokens, on top of the transcript.
 PROMPT_OVERHEAD_TOKENS = 64
 # Summaries are written in the background: the engine serves every user's turn before them.
-SUMMARY_PRIORITY = 1
+SUMMARY_PRIORITY = BACKGROUND_PRIORITY
 # The words of a transcript's lines that say whose message it is, not what it says.
 ROLE_TERMS = terms("system user assistant summary")
 

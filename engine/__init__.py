@@ -12,13 +12,14 @@ from .config import EngineConfig
 from .interface import Engine
 from .metrics import EngineFigures
 from .outputs import FinishReason, RequestOutput, StreamDelta
-from .sampling_params import SamplingParams
+from .sampling_params import BACKGROUND_PRIORITY, SamplingParams
 from .token_ids import PromptIds, TokenArray
 
 if TYPE_CHECKING:
     from .llm_engine import LLMEngine
 
 __all__ = [
+    "BACKGROUND_PRIORITY",
     "ChatFormat",
     "Engine",
     "EngineConfig",

@@ -29,8 +29,8 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # draft tokens a decode may verify in one step (speculation.py); 0 decodes one token a step
     num_speculative_tokens: int = 4
-    # prompt tokens a step computes for work no user waits for (priority above the default 0: a
-    # summary, a prefill ahead of a turn), in steps that prefill no user's prompt (scheduler.py)
+    # prompt tokens a step computes for work no user waits for (BACKGROUND_PRIORITY: a summary, a
+    # prefill ahead of a turn), in steps that prefill no user's prompt (scheduler.py)
     max_background_prefill_tokens: int = 256
     tokenizer: str | None = None
 

@@ -1,6 +1,10 @@
 import math
 from dataclasses import dataclass, field
 
+# A priority at or above this is work no user waits for (a summary, a prefill ahead of a turn):
+# the scheduler gives its prompts short chunks and none while a user's prompt prefills.
+BACKGROUND_PRIORITY = 1
+
 
 @dataclass
 class SamplingParams:
@@ -10,7 +14,8 @@ class SamplingParams:
     knob. top_k 0 keeps the whole vocabulary. With `dynamic_top_k`, a position where the model's
     top probability (at temperature 1) reaches `confidence` keeps `min_top_k` tokens (1 = greedy),
     any other keeps `max_top_k`; `top_k` is then ignored. `seed` makes sampling reproducible,
-    whatever the batch around it. Lower `priority` values are served first and preempted last.
+    whatever the batch around it. Lower `priority` values are served first and preempted last;
+    from BACKGROUND_PRIORITY on, a request is background work.
     """
 
     temperature: float = 0.0

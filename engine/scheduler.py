@@ -3,6 +3,7 @@ from collections import deque
 
 from .config import EngineConfig
 from .kv_pool import KVPool, cdiv
+from .sampling_params import BACKGROUND_PRIORITY
 from .sequence import Sequence, SequenceStatus
 from .speculation import propose_draft
 
@@ -14,7 +15,7 @@ class Scheduler:
 
     Running decodes go first, then running prefills in chunks, then waiting requests, each group
     in priority order, until the token budget is spent. A chunked prefill therefore never
-    starves the decodes. Work no user waits for (a priority above the default 0: a summary, a
+    starves the decodes. Work no user waits for (BACKGROUND_PRIORITY and above: a summary, a
     prefill ahead of a turn) computes at most `max_background_prefill_tokens` prompt tokens a
     step, and none in a step that prefills a user's prompt: a whole chunk of a summary's prompt
     would hold a user's new turn for its step (SmolLM2 on 2 cores, 1,500 tokens: 2.5 s). In a
@@ -175,5 +176,4 @@ class Scheduler:
 
 
 def _is_background(seq: Sequence) -> bool:
-    """Work no user waits for: a priority above the default (SamplingParams.priority, 0)."""
-    return seq.priority > 0
+    return seq.priority >= BACKGROUND_PRIORITY

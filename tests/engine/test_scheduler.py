@@ -3,7 +3,7 @@ from typing import Protocol
 import numpy as np
 import pytest
 
-from engine import EngineConfig, SamplingParams
+from engine import BACKGROUND_PRIORITY, EngineConfig, SamplingParams
 from engine.kv_pool import KVPool
 from engine.scheduler import Scheduler
 from engine.sequence import Sequence, SequenceStatus
@@ -89,14 +89,14 @@ def test_waiting_requests_join_by_priority_and_max_num_seqs(new_seq: NewSeq) -> 
 
 def test_background_prefill_takes_short_chunks_and_none_while_a_users_prompt_prefills(new_seq: NewSeq) -> None:
     scheduler = make_scheduler(num_blocks=64, budget=32, max_background_prefill_tokens=8)
-    summary = new_seq(40, priority=1)
+    summary = new_seq(40, priority=BACKGROUND_PRIORITY)
     scheduler.add(summary)
     assert step(scheduler) == {"r0": 8}
     user = new_seq(20, first_token=1000)
     scheduler.add(user)
     assert step(scheduler) == {"r1": 20}  # it waits for one 8-token step at most, not a 32-token one
     assert step(scheduler) == {"r1": 1, "r0": 8}  # the user's decodes do not hold it back
-    late_summary = new_seq(40, priority=2, first_token=2000)
+    late_summary = new_seq(40, priority=BACKGROUND_PRIORITY + 1, first_token=2000)
     scheduler.add(late_summary)
     assert step(scheduler) == {"r1": 1, "r0": 8}  # the budget is the step's, not each sequence's
     assert step(scheduler) == {"r1": 1, "r0": 8}
